@@ -1,0 +1,150 @@
+"""actor_svc: steps a vector of games with the hybrid behaviour mu_psi and streams sequences to replay."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections import deque
+
+import numpy as np
+import torch
+from prometheus_client import Counter, Gauge
+
+from actor_svc.peers import BehaviourSource, EpisodeBehaviour, ParamPuller, SequenceSender
+from actor_svc.sequencer import SequenceBuilder
+from lbc.behaviour import behaviour_probs, sample_actions
+from lbc.config import Config
+from lbc.envs import make_envs
+from lbc.nets import build_net
+from lbc.service import (
+    Backoff,
+    base_parser,
+    config_from_args,
+    grpc_server,
+    set_serving,
+    setup_logging,
+    start_metrics,
+    stop_event,
+)
+
+STEPS = Counter("lbc_actor_steps_total", "Agent steps, summed over environments")
+FRAMES = Counter("lbc_actor_frames_total", "Emulator frames (agent steps x frame skip)")
+EPISODES = Counter("lbc_actor_episodes_total", "Episodes finished")
+RETURN_LAST = Gauge("lbc_actor_episode_return", "Return of the last finished episode")
+RETURN_MEAN = Gauge("lbc_actor_return_mean100", "Mean return of the last 100 episodes")
+RETURN_COUNT = Gauge("lbc_actor_return_window", "Episodes in the return window (up to 100)")
+INFER_SECONDS = Counter("lbc_actor_inference_seconds_total", "Seconds in the network forward pass")
+ENV_SECONDS = Counter("lbc_actor_env_seconds_total", "Seconds stepping the environments")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = base_parser("actor_svc", __doc__)
+    parser.add_argument("--index", type=int, default=int(os.environ.get("LBC_ACTOR_INDEX", "0")),
+                        help="actor number: seeds its games, offsets its local ports (default $LBC_ACTOR_INDEX or 0)")
+    parser.add_argument("--actor-id", default=None, help="name towards the bandit (default: host name + index)")
+    parser.add_argument("--max-steps", type=int, default=0, help="stop after this many vector steps (0: never)")
+    args = parser.parse_args(argv)
+    cfg: Config = config_from_args(args)
+    log = setup_logging(f"actor-{args.index}", args.log_level)
+    stop = stop_event()
+    torch.set_num_threads(cfg.actor.threads)
+    actor_id = args.actor_id or f"{socket.gethostname()}-{args.index}"
+
+    num_envs = cfg.env.num_envs
+    envs = make_envs(cfg.env, num_envs, seed=cfg.env.seed + 9973 * args.index)
+    spec = envs.spec
+    net = build_net(cfg, spec.obs_shape, spec.num_actions).eval()
+    puller = ParamPuller(cfg, actor_id, net)
+    behaviours = BehaviourSource(cfg, actor_id)
+    sender = SequenceSender(cfg, actor_id, stop)
+    n = cfg.num_policies
+    builder = SequenceBuilder(num_envs, cfg.sequence.burn_in, cfg.sequence.length, spec.obs_shape,
+                              cfg.net.lstm, 2 * n)
+    server, health = grpc_server(f"[::]:{cfg.endpoints.actor_health_base + args.index}", workers=2)
+    server.start()
+    start_metrics(cfg.endpoints.actor_metrics_base + args.index)
+    generator = torch.Generator().manual_seed(cfg.env.seed + args.index)
+
+    backoff = Backoff()
+    while not stop.is_set() and not puller.pull():
+        log.info("waiting for the first parameters from %s", cfg.endpoints.params)
+        backoff.wait(stop)
+    set_serving(health, ["lbc.v1.Actor"])
+    log.info("actor %s up: %d x %s (%s), version %d", actor_id, num_envs, cfg.env.game, cfg.env.kind,
+             puller.version)
+
+    obs = envs.reset()
+    state = net.initial_state(num_envs)
+    prev_action = np.zeros(num_envs, np.int64)
+    prev_reward = np.zeros(num_envs, np.float32)
+    reset = np.ones(num_envs, bool)
+    episode: list[EpisodeBehaviour] = [behaviours.next() for _ in range(num_envs)]
+    tau = torch.tensor([b.tau for b in episode], dtype=torch.float32)
+    omega = torch.tensor([b.omega for b in episode], dtype=torch.float32)
+    ep_return = np.zeros(num_envs)
+    recent: deque[float] = deque(maxlen=100)
+    frame_skip = cfg.env.frameskip if cfg.env.kind == "atari" else 1
+    steps = 0
+    last_log = time.monotonic()
+    while not stop.is_set():
+        if steps % cfg.actor.pull_every == 0 and steps > 0:
+            puller.pull()
+        for seq, version in builder.observe(obs, prev_action, prev_reward, reset, state[0].numpy(),
+                                            state[1].numpy(), puller.version):
+            if not sender.send(seq, version):
+                break
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = net(torch.from_numpy(obs)[None], torch.from_numpy(prev_action)[None],
+                      torch.from_numpy(prev_reward)[None], torch.from_numpy(reset)[None], state)
+            probs = behaviour_probs(cfg.behaviour.family, out.adv[0], tau, omega)
+            actions, mu = sample_actions(probs, generator)
+        t1 = time.perf_counter()
+        action_np = actions.numpy()
+        result = envs.step(action_np)
+        t2 = time.perf_counter()
+        INFER_SECONDS.inc(t1 - t0)
+        ENV_SECONDS.inc(t2 - t1)
+        builder.act(action_np, result.reward, result.done, mu.numpy(), torch.cat([tau, omega], 1).numpy())
+
+        ep_return += result.reward
+        for e in np.flatnonzero(result.done):
+            recent.append(float(ep_return[e]))
+            EPISODES.inc()
+            RETURN_LAST.set(ep_return[e])
+            behaviours.report(episode[e].episode_id, float(ep_return[e]))
+            ep_return[e] = 0.0
+            episode[e] = behaviours.next()
+            tau[e] = torch.tensor(episode[e].tau)
+            omega[e] = torch.tensor(episode[e].omega)
+        if result.done.any():
+            RETURN_MEAN.set(float(np.mean(recent)))
+            RETURN_COUNT.set(len(recent))
+
+        obs = result.obs
+        state = out.state
+        prev_action = np.where(result.done, 0, action_np)
+        prev_reward = np.where(result.done, 0.0, result.reward).astype(np.float32)
+        reset = result.done
+        steps += 1
+        STEPS.inc(num_envs)
+        FRAMES.inc(num_envs * frame_skip)
+        if time.monotonic() - last_log > 30:
+            last_log = time.monotonic()
+            mean = float(np.mean(recent)) if recent else float("nan")
+            log.info("steps %d, episodes %d, mean return %.2f, version %d", steps * num_envs, len(recent), mean,
+                     puller.version)
+        if args.max_steps and steps >= args.max_steps:
+            break
+
+    set_serving(health, ["lbc.v1.Actor"], serving=False)
+    sender.close()
+    envs.close()
+    server.stop(grace=0.5).wait()
+    log.info("actor stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

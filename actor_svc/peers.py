@@ -1,0 +1,150 @@
+"""The actor's view of its peers: parameter pulls, behaviour choices and the replay stream.
+
+Each one degrades instead of failing: a dead learner means acting on the last parameters, a dead
+bandit means a default psi for the episode (not reported), a dead or saturated replay means the
+actor waits on send (backpressure). All retry with backoff and pick up when the peer is back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+import torch
+import zmq
+from prometheus_client import Counter, Gauge
+
+from lbc import codec
+from lbc.config import Config
+from lbc.params import load_blob
+from lbc.peers import BanditClient, ParameterClient
+
+log = logging.getLogger("actor")
+
+PULLS = Counter("lbc_actor_param_pulls_total", "Parameter pulls", ["result"])
+VERSION = Gauge("lbc_actor_param_version", "Parameter version the actor acts with")
+FALLBACKS = Counter("lbc_actor_bandit_fallbacks_total", "Episodes run with the default psi (bandit unreachable)")
+REPORTS = Counter("lbc_actor_bandit_reports_total", "Episode returns reported to the bandit", ["result"])
+SENT = Counter("lbc_actor_sequences_sent_total", "Sequences sent to replay")
+SEND_BLOCKED = Counter("lbc_actor_send_blocked_seconds_total", "Seconds waiting on replay (backpressure)")
+
+
+class ParamPuller:
+    def __init__(self, cfg: Config, actor_id: str, model: torch.nn.Module) -> None:
+        self.client = ParameterClient(cfg.endpoints.params, actor_id, cfg.endpoints.rpc_timeout_s)
+        self.model = model
+        self.version = -1
+        self._retry_at = 0.0
+        self._delay = 0.5
+
+    def pull(self) -> bool:
+        """One attempt; True when the model holds parameters afterwards."""
+        now = time.monotonic()
+        if now < self._retry_at:
+            return self.version >= 0
+        try:
+            got = self.client.pull(self.version)
+        except (grpc.RpcError, ValueError) as exc:
+            PULLS.labels("error").inc()
+            self._retry_at, self._delay = now + self._delay, min(self._delay * 2, 10.0)
+            detail = exc.code().name if isinstance(exc, grpc.RpcError) else str(exc)
+            log.warning("parameter pull failed (%s); acting on version %d", detail, self.version)
+            return self.version >= 0
+        self._delay = 0.5
+        if got is None:
+            PULLS.labels("current").inc()
+            return True
+        version, blob = got
+        load_blob(self.model, blob)
+        self.version = version
+        VERSION.set(version)
+        PULLS.labels("updated").inc()
+        return True
+
+
+@dataclass
+class EpisodeBehaviour:
+    episode_id: str          # "" when chosen locally (bandit unreachable or no control)
+    tau: list[float]
+    omega: list[float]
+
+
+class BehaviourSource:
+    def __init__(self, cfg: Config, actor_id: str) -> None:
+        self.actor_id = actor_id
+        n = cfg.num_policies
+        self.default = EpisodeBehaviour("", [cfg.behaviour.fixed_tau] * n, [1.0 / n] * n)
+        self.client = BanditClient(cfg.endpoints.bandit, min(cfg.endpoints.rpc_timeout_s, 1.0)) \
+            if cfg.behaviour.controlled else None
+        self._retry_at = 0.0
+        self._delay = 0.5
+
+    def _available(self) -> bool:
+        return self.client is not None and time.monotonic() >= self._retry_at
+
+    def _failed(self, what: str, exc: grpc.RpcError) -> None:
+        self._retry_at = time.monotonic() + self._delay
+        self._delay = min(self._delay * 2, 10.0)
+        log.warning("bandit %s failed (%s); default psi until it answers", what, exc.code().name)
+
+    def next(self) -> EpisodeBehaviour:
+        if not self._available():
+            if self.client is not None:
+                FALLBACKS.inc()
+            return self.default
+        try:
+            b = self.client.select(self.actor_id)
+        except grpc.RpcError as exc:
+            self._failed("select", exc)
+            FALLBACKS.inc()
+            return self.default
+        self._delay = 0.5
+        return EpisodeBehaviour(b.episode_id, list(b.tau), list(b.omega))
+
+    def report(self, episode_id: str, episode_return: float) -> None:
+        if not episode_id or not self._available():
+            return
+        try:
+            reply = self.client.report(self.actor_id, episode_id, episode_return)
+        except grpc.RpcError as exc:
+            REPORTS.labels("error").inc()
+            self._failed("report", exc)
+            return
+        REPORTS.labels("accepted" if reply.accepted else "refused").inc()
+        if not reply.accepted:
+            log.warning("bandit refused a return: %s", reply.reason)
+
+
+class SequenceSender:
+    """PUSH to replay with a small high-water mark: when replay is slow or gone, send() waits."""
+
+    def __init__(self, cfg: Config, actor_id: str, stop: threading.Event) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.PUSH)
+        self.sock.setsockopt(zmq.SNDHWM, 8)
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)   # queue only to a live connection
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(cfg.endpoints.replay_ingest)
+        self.actor_id = actor_id
+        self.stop = stop
+
+    def send(self, sequence: dict, version: int) -> bool:
+        frames = codec.encode("sequence", sequence, sender=self.actor_id, param_version=version)
+        started = None
+        while not self.stop.is_set():
+            try:
+                self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                SENT.inc()
+                if started is not None:
+                    SEND_BLOCKED.inc(time.monotonic() - started)
+                return True
+            except zmq.Again:
+                if started is None:
+                    started = time.monotonic()
+                self.sock.poll(100, zmq.POLLOUT)
+        return False
+
+    def close(self) -> None:
+        self.sock.close()

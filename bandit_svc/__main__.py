@@ -1,0 +1,110 @@
+"""bandit_svc: the meta-controller. Picks psi for every episode of every actor (population-based
+UCB bandits, LBC App. E.4), learns from the returns, and snapshots its state to disk."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import grpc
+from prometheus_client import Counter, Gauge
+
+from bandit_svc.state import BanditState, UnknownEpisode
+from lbc.config import Config
+from lbc.service import (
+    base_parser,
+    config_from_args,
+    grpc_server,
+    listen_address,
+    set_serving,
+    setup_logging,
+    start_metrics,
+    stop_event,
+)
+from lbcproto import lbc_pb2, lbc_pb2_grpc
+
+SELECTIONS = Counter("lbc_bandit_selections_total", "Voted arm per dimension of psi", ["dimension", "arm"])
+PSI = Gauge("lbc_bandit_psi", "Last chosen value per dimension of psi", ["dimension"])
+EPISODES = Counter("lbc_bandit_episodes_total", "Returns reported and learned from")
+RETURNS = Gauge("lbc_bandit_last_return", "Last episode return reported")
+REPORT_REJECTED = Counter("lbc_bandit_reports_rejected_total", "Reports for unknown episodes")
+ACTORS = Gauge("lbc_bandit_actors", "Actors with a bandit population")
+SNAPSHOTS = Counter("lbc_bandit_snapshots_total", "State snapshots written")
+
+
+class BanditServicer(lbc_pb2_grpc.BanditServiceServicer):
+    def __init__(self, state: BanditState) -> None:
+        self.state = state
+        n = state.cfg.num_policies
+        self.names = [f"tau_{i + 1}" for i in range(n)] + [f"omega_{i + 1}" for i in range(n)]
+
+    def SelectBehavior(self, request: lbc_pb2.SelectRequest, context: grpc.ServicerContext) -> lbc_pb2.Behavior:
+        if not request.actor_id or len(request.actor_id) > 128:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "actor_id must be 1 to 128 characters")
+        episode_id, choice = self.state.select(request.actor_id)
+        for name, arm in zip(self.names, choice.arms, strict=True):
+            SELECTIONS.labels(name, str(arm)).inc()
+        for i, (tau, omega) in enumerate(zip(choice.tau, choice.omega, strict=True)):
+            PSI.labels(f"tau_{i + 1}").set(tau)
+            PSI.labels(f"omega_{i + 1}").set(omega)
+        ACTORS.set(len(self.state.controllers))
+        return lbc_pb2.Behavior(episode_id=episode_id, tau=choice.tau, omega=choice.omega, arms=choice.arms)
+
+    def ReportReturn(self, request: lbc_pb2.ReturnReport, context: grpc.ServicerContext) -> lbc_pb2.ReportReply:
+        if not math.isfinite(request.episode_return):
+            REPORT_REJECTED.inc()
+            return lbc_pb2.ReportReply(accepted=False, reason="episode_return is not finite")
+        try:
+            self.state.report(request.actor_id, request.episode_id, request.episode_return)
+        except UnknownEpisode:
+            REPORT_REJECTED.inc()
+            return lbc_pb2.ReportReply(accepted=False, reason=f"unknown episode {request.episode_id!r}")
+        EPISODES.inc()
+        RETURNS.set(request.episode_return)
+        return lbc_pb2.ReportReply(accepted=True)
+
+    def GetStats(self, request: lbc_pb2.StatsRequest, context: grpc.ServicerContext) -> lbc_pb2.BanditStats:
+        out = lbc_pb2.BanditStats()
+        for aid, s in self.state.stats(request.actor_id).items():
+            actor = out.actors.add(actor_id=aid, episodes=s["episodes"])
+            for d in s["dimensions"]:
+                actor.dimensions.add(name=d["name"], selections=d["selections"], mean_return=d["mean_return"])
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = base_parser("bandit_svc", __doc__)
+    args = parser.parse_args(argv)
+    cfg: Config = config_from_args(args)
+    log = setup_logging("bandit", args.log_level)
+    stop = stop_event()
+
+    state = BanditState(cfg)
+    snapshot = Path(cfg.run_dir) / "bandit" / "state.json"
+    try:
+        if state.restore(snapshot):
+            log.info("restored %d actor populations from %s", len(state.controllers), snapshot)
+    except (ValueError, KeyError) as exc:
+        raise SystemExit(f"cannot restore bandit snapshot {snapshot}: {exc}") from None
+
+    server, health = grpc_server(listen_address(cfg.endpoints.bandit))
+    lbc_pb2_grpc.add_BanditServiceServicer_to_server(BanditServicer(state), server)
+    server.start()
+    set_serving(health, ["lbc.v1.BanditService"])
+    start_metrics(cfg.endpoints.bandit_metrics)
+    log.info("bandit up on %s: %d policies, tau arms %d, omega arms %d, population %d, top-D %d",
+             cfg.endpoints.bandit, cfg.num_policies, state.tau_dim.num_arms, state.omega_dim.num_arms,
+             cfg.bandit.population, cfg.bandit.top_d)
+
+    while not stop.wait(cfg.bandit.snapshot_every_s):
+        state.save(snapshot)
+        SNAPSHOTS.inc()
+    set_serving(health, ["lbc.v1.BanditService"], serving=False)
+    server.stop(grace=1.0).wait()
+    state.save(snapshot)
+    log.info("bandit stopped; state saved to %s", snapshot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

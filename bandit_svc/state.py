@@ -1,0 +1,120 @@
+"""The bandit service's state: one BehaviourController per actor, the episodes in flight, and
+atomic JSON snapshots so a restart loses nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import zlib
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from lbc.bandit import BehaviourController, Choice, Discretisation
+from lbc.config import Config
+
+SNAPSHOT_FORMAT = 1
+MAX_PENDING_PER_ACTOR = 4096
+
+
+class UnknownEpisode(KeyError):
+    pass
+
+
+class BanditState:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        b = cfg.behaviour
+        self.tau_dim = Discretisation(*b.tau_range, b.tau_accuracy)
+        self.omega_dim = Discretisation(*b.omega_range, b.omega_accuracy)
+        self.lock = threading.Lock()
+        self.controllers: dict[str, BehaviourController] = {}
+        self.pending: dict[str, OrderedDict[str, tuple[int, ...]]] = {}
+        self.next_episode: dict[str, int] = {}
+
+    def _controller(self, actor_id: str) -> BehaviourController:
+        if actor_id not in self.controllers:
+            bc = self.cfg.bandit
+            seed = bc.seed * 1_000_003 + zlib.crc32(actor_id.encode())
+            self.controllers[actor_id] = BehaviourController(
+                self.cfg.num_policies, self.tau_dim, self.omega_dim, bc.population, bc.c_range, bc.top_d,
+                bc.replace_every, bc.normalise_values, seed)
+            self.pending[actor_id] = OrderedDict()
+            self.next_episode[actor_id] = 0
+        return self.controllers[actor_id]
+
+    def select(self, actor_id: str) -> tuple[str, Choice]:
+        with self.lock:
+            choice = self._controller(actor_id).select()
+            n = self.next_episode[actor_id]
+            self.next_episode[actor_id] = n + 1
+            episode_id = f"{actor_id}/{n}"
+            pending = self.pending[actor_id]
+            pending[episode_id] = choice.arms
+            while len(pending) > MAX_PENDING_PER_ACTOR:
+                pending.popitem(last=False)
+            return episode_id, choice
+
+    def report(self, actor_id: str, episode_id: str, episode_return: float) -> None:
+        with self.lock:
+            pending = self.pending.get(actor_id)
+            if pending is None or episode_id not in pending:
+                raise UnknownEpisode(episode_id)
+            arms = pending.pop(episode_id)
+            self.controllers[actor_id].update(arms, episode_return)
+
+    def stats(self, actor_id: str = "") -> dict[str, Any]:
+        with self.lock:
+            ids = [actor_id] if actor_id else sorted(self.controllers)
+            out = {}
+            for aid in ids:
+                ctl = self.controllers.get(aid)
+                if ctl is None:
+                    continue
+                out[aid] = {"episodes": ctl.episodes, "dimensions": [
+                    {"name": name, "selections": pop.selections.tolist(),
+                     "mean_return": (pop.sums[0] / (pop.counts[0] + (pop.counts[0] == 0))).tolist()}
+                    for name, pop in zip(ctl.names, ctl.populations, strict=True)]}
+            return out
+
+    def region(self, dim_index: int, arm: int) -> tuple[float, float]:
+        dim = self.tau_dim if dim_index < self.cfg.num_policies else self.omega_dim
+        return dim.region(arm)
+
+    # ------------------------------------------------------------ snapshots
+    def to_dict(self) -> dict[str, Any]:
+        with self.lock:
+            return {"format": SNAPSHOT_FORMAT,
+                    "layout": self._layout(),
+                    "actors": {aid: {"controller": ctl.to_dict(),
+                                     "pending": {k: list(v) for k, v in self.pending[aid].items()},
+                                     "next_episode": self.next_episode[aid]}
+                               for aid, ctl in self.controllers.items()}}
+
+    def _layout(self) -> dict[str, Any]:
+        return {"policies": self.cfg.num_policies, "tau_arms": self.tau_dim.num_arms,
+                "omega_arms": self.omega_dim.num_arms, "population": self.cfg.bandit.population}
+
+    def load_dict(self, d: dict[str, Any]) -> None:
+        if d.get("format") != SNAPSHOT_FORMAT:
+            raise ValueError(f"snapshot format {d.get('format')}, expected {SNAPSHOT_FORMAT}")
+        if d.get("layout") != self._layout():
+            raise ValueError(f"snapshot layout {d.get('layout')} differs from the configured {self._layout()}")
+        with self.lock:
+            for aid, a in d["actors"].items():
+                self._controller(aid).load_dict(a["controller"])
+                self.pending[aid] = OrderedDict((k, tuple(v)) for k, v in a["pending"].items())
+                self.next_episode[aid] = int(a["next_episode"])
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_dict()))
+        os.replace(tmp, path)
+
+    def restore(self, path: Path) -> bool:
+        if not path.exists():
+            return False
+        self.load_dict(json.loads(path.read_text()))
+        return True

@@ -1,0 +1,174 @@
+"""Population-based UCB bandits of LBC App. E (Algorithm 1), the meta-controller that picks psi.
+
+Psi = (tau_1..tau_N, omega_1..omega_N) is controlled one dimension at a time (DESIGN §5.4): each
+dimension is discretised into K regions (arms) and has its own population of bandits. Per episode:
+every bandit of a population proposes its top-D arms by UCB score (eq. 24, or eq. 25 with value
+normalisation), the arm with the most votes wins (ties broken uniformly), and psi_d is drawn
+uniformly inside that arm's region. Every bandit of the population is updated with the episode's
+return; every T_replace episodes one bandit, chosen uniformly, is re-initialised with a fresh c.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+def ucb_scores(sums: np.ndarray, counts: np.ndarray, c: float, normalise: bool) -> np.ndarray:
+    """Score_x = V(x) + c * sqrt(log(1 + sum_j N(j)) / (1 + N(x)))   (eq. 24)
+    with V(x) replaced by (V(x) - E[V]) / D[V] when normalise (eq. 25).
+
+    V(x) is the mean return of arm x (eq. 23 read as a mean: the printed N_T(x) * sum is an
+    erratum). Unvisited arms have V = 0 unnormalised and sit at the mean (0) when normalised; the
+    mean and standard deviation are taken over visited arms.
+    """
+    visited = counts > 0
+    values = np.where(visited, sums / np.maximum(counts, 1), 0.0)
+    if normalise:
+        if visited.any():
+            mean = values[visited].mean()
+            std = values[visited].std()
+            std = std if std > 1e-8 else 1.0
+            values = np.where(visited, (values - mean) / std, 0.0)
+    bonus = c * np.sqrt(math.log(1.0 + counts.sum()) / (1.0 + counts))
+    return values + bonus
+
+
+def top_d(scores: np.ndarray, d: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of the d highest scores; equal scores are ordered at random."""
+    d = min(d, scores.shape[0])
+    order = np.lexsort((rng.random(scores.shape[0]), -scores))
+    return order[:d]
+
+
+def vote(proposals: np.ndarray, num_arms: int, rng: np.random.Generator) -> int:
+    """The arm proposed most often (App. E.4.2); a tie is broken uniformly."""
+    tally = np.bincount(np.asarray(proposals).ravel(), minlength=num_arms)
+    best = np.flatnonzero(tally == tally.max())
+    return int(rng.choice(best))
+
+
+@dataclass(frozen=True)
+class Discretisation:
+    """[low, high] cut into regions of width `accuracy`; the last may be narrower."""
+
+    low: float
+    high: float
+    accuracy: float
+
+    @property
+    def num_arms(self) -> int:
+        return max(1, math.ceil((self.high - self.low) / self.accuracy - 1e-9))
+
+    def region(self, arm: int) -> tuple[float, float]:
+        lo = self.low + arm * self.accuracy
+        return lo, min(lo + self.accuracy, self.high)
+
+    def sample(self, arm: int, rng: np.random.Generator) -> float:
+        lo, hi = self.region(arm)
+        return float(rng.uniform(lo, hi))
+
+
+class BanditPopulation:
+    """The population of UCB bandits over the arms of one dimension (Algorithm 1, actor-wise)."""
+
+    def __init__(self, num_arms: int, size: int, c_range: tuple[float, float], top_d: int,
+                 replace_every: int, normalise: bool, rng: np.random.Generator) -> None:
+        self.num_arms = num_arms
+        self.c_range = c_range
+        self.top_d = top_d
+        self.replace_every = replace_every
+        self.normalise = normalise
+        self.c = rng.uniform(*c_range, size=size)
+        self.counts = np.zeros((size, num_arms))
+        self.sums = np.zeros((size, num_arms))
+        self.selections = np.zeros(num_arms, dtype=np.int64)  # times each arm won the vote
+        self.episodes = 0
+        self.replacements = 0
+
+    def propose(self, rng: np.random.Generator) -> np.ndarray:
+        """[size, D] arms: each bandit's top-D by UCB score."""
+        return np.stack([top_d(ucb_scores(self.sums[i], self.counts[i], self.c[i], self.normalise),
+                               self.top_d, rng) for i in range(len(self.c))])
+
+    def select(self, rng: np.random.Generator) -> int:
+        arm = vote(self.propose(rng), self.num_arms, rng)
+        self.selections[arm] += 1
+        return arm
+
+    def update(self, arm: int, episode_return: float, rng: np.random.Generator) -> None:
+        """Every bandit records the return for the arm played (eq. 22, 23); then replacement."""
+        self.counts[:, arm] += 1.0
+        self.sums[:, arm] += episode_return
+        self.episodes += 1
+        if self.episodes % self.replace_every == 0:
+            i = int(rng.integers(len(self.c)))
+            self.c[i] = rng.uniform(*self.c_range)
+            self.counts[i] = 0.0
+            self.sums[i] = 0.0
+            self.replacements += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"c": self.c.tolist(), "counts": self.counts.tolist(), "sums": self.sums.tolist(),
+                "selections": self.selections.tolist(), "episodes": self.episodes,
+                "replacements": self.replacements}
+
+    def load_dict(self, d: dict[str, Any]) -> None:
+        c, counts, sums = np.asarray(d["c"]), np.asarray(d["counts"]), np.asarray(d["sums"])
+        if counts.shape != self.counts.shape or c.shape != self.c.shape or sums.shape != self.sums.shape:
+            raise ValueError(f"snapshot shape {counts.shape} does not match the configured {self.counts.shape}")
+        self.c, self.counts, self.sums = c, counts, sums
+        self.selections = np.asarray(d["selections"], dtype=np.int64)
+        self.episodes = int(d["episodes"])
+        self.replacements = int(d["replacements"])
+
+
+@dataclass(frozen=True)
+class Choice:
+    arms: tuple[int, ...]         # one per dimension
+    tau: tuple[float, ...]        # tau_i (or epsilon_i for the epsilon-greedy family)
+    omega: tuple[float, ...]      # normalised to sum to 1
+
+
+class BehaviourController:
+    """All dimensions of psi for one actor: 2N populations, one per tau_i and omega_i."""
+
+    def __init__(self, num_policies: int, tau: Discretisation, omega: Discretisation, population: int,
+                 c_range: tuple[float, float], top_d: int, replace_every: int, normalise: bool,
+                 seed: int) -> None:
+        self.num_policies = num_policies
+        self.rng = np.random.default_rng(seed)
+        self.dims = [tau] * num_policies + [omega] * num_policies
+        self.names = [f"tau_{i + 1}" for i in range(num_policies)] + [f"omega_{i + 1}" for i in range(num_policies)]
+        self.populations = [BanditPopulation(d.num_arms, population, c_range, top_d, replace_every,
+                                             normalise, self.rng) for d in self.dims]
+
+    def select(self) -> Choice:
+        arms = tuple(p.select(self.rng) for p in self.populations)
+        values = [d.sample(a, self.rng) for d, a in zip(self.dims, arms, strict=True)]
+        n = self.num_policies
+        raw_omega = np.asarray(values[n:])
+        total = raw_omega.sum()
+        omega = raw_omega / total if total > 1e-12 else np.full(n, 1.0 / n)
+        return Choice(arms=arms, tau=tuple(values[:n]), omega=tuple(float(w) for w in omega))
+
+    def update(self, arms: tuple[int, ...], episode_return: float) -> None:
+        for pop, arm in zip(self.populations, arms, strict=True):
+            pop.update(arm, episode_return, self.rng)
+
+    @property
+    def episodes(self) -> int:
+        return self.populations[0].episodes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"populations": [p.to_dict() for p in self.populations], "rng": self.rng.bit_generator.state}
+
+    def load_dict(self, d: dict[str, Any]) -> None:
+        if len(d["populations"]) != len(self.populations):
+            raise ValueError("snapshot has a different number of dimensions than the configuration")
+        for pop, pd in zip(self.populations, d["populations"], strict=True):
+            pop.load_dict(pd)
+        self.rng.bit_generator.state = d["rng"]

@@ -1,0 +1,43 @@
+"""Behaviour mappings F_psi: from the N policies' advantages to one behaviour policy mu_psi.
+
+LBC eq. (10) / (18): mu_psi(a|s) = sum_i omega_i * softmax(tau_i * A_i(s, .))(a), psi = (tau, omega).
+LBC App. D eq. (17): the epsilon-greedy family, mu = sum_i omega_i * eps_i-greedy(A_i).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def boltzmann_mixture(adv: torch.Tensor, tau: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """mu(a) = sum_i omega_i softmax(tau_i * A_i)(a).
+
+    adv: [..., N, A] advantages (policy logits); tau, omega: [..., N] with omega summing to 1.
+    Returns [..., A]. tau -> 0 gives the uniform policy, tau -> inf the greedy one.
+    """
+    per_policy = torch.softmax(tau.unsqueeze(-1) * adv, dim=-1)
+    return (omega.unsqueeze(-1) * per_policy).sum(dim=-2)
+
+
+def epsilon_greedy_mixture(adv: torch.Tensor, epsilon: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """mu(a) = sum_i omega_i [(1 - eps_i) 1[a = argmax A_i] + eps_i / |A|]."""
+    num_actions = adv.shape[-1]
+    greedy = torch.nn.functional.one_hot(adv.argmax(dim=-1), num_actions).to(adv.dtype)
+    eps = epsilon.unsqueeze(-1)
+    per_policy = (1.0 - eps) * greedy + eps / num_actions
+    return (omega.unsqueeze(-1) * per_policy).sum(dim=-2)
+
+
+def behaviour_probs(family: str, adv: torch.Tensor, psi_a: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """Dispatch on the configured family; psi_a is tau (Boltzmann) or epsilon (epsilon-greedy)."""
+    if family == "boltzmann_mixture":
+        return boltzmann_mixture(adv, psi_a, omega)
+    if family == "epsilon_greedy_mixture":
+        return epsilon_greedy_mixture(adv, psi_a, omega)
+    raise ValueError(f"unknown behaviour family {family!r}")
+
+
+def sample_actions(probs: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one action per row of probs [B, A]; return (actions [B], mu(a|s) [B])."""
+    actions = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return actions, probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)

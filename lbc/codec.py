@@ -1,0 +1,104 @@
+"""ZeroMQ wire format: a protobuf FrameHeader frame, then one raw frame per array.
+
+Arrays travel as their bytes (no pickle, no copy on the sending side with zmq copy=False; the
+receiver wraps the frames with np.frombuffer). decode() rejects anything malformed, oversized, of
+another schema version, or whose frames disagree with the header, raising CodecError with the
+reason; the receiving service counts it and goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lbcproto import lbc_pb2
+
+SCHEMA_VERSION = 1
+ALLOWED_DTYPES = frozenset({"uint8", "int32", "int64", "float32", "bool"})
+
+
+class CodecError(ValueError):
+    """A message that cannot be accepted; str(error) says why."""
+
+
+@dataclass
+class Message:
+    kind: str
+    sender: str
+    param_version: int
+    arrays: dict[str, np.ndarray]
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+def encode(kind: str, arrays: Mapping[str, np.ndarray], *, sender: str = "", param_version: int = 0,
+           meta: Mapping[str, str] | None = None) -> list[bytes | memoryview]:
+    header = lbc_pb2.FrameHeader(schema_version=SCHEMA_VERSION, kind=kind, sender=sender,
+                                 param_version=param_version, meta=dict(meta or {}))
+    frames: list[bytes | memoryview] = []
+    for name, arr in arrays.items():
+        if arr.dtype.name not in ALLOWED_DTYPES:
+            raise CodecError(f"array {name!r} has dtype {arr.dtype.name}, not one of {sorted(ALLOWED_DTYPES)}")
+        arr = np.ascontiguousarray(arr)
+        header.arrays.add(name=name, dtype=arr.dtype.name, shape=list(arr.shape))
+        frames.append(memoryview(arr).cast("B"))
+    return [header.SerializeToString(), *frames]
+
+
+def _as_buffer(frame: object) -> memoryview:
+    # zmq.Frame exposes .buffer; bytes and memoryviews are buffers already.
+    return memoryview(getattr(frame, "buffer", frame))
+
+
+def decode(frames: Sequence[object], *, max_bytes: int, expected_kind: str | None = None) -> Message:
+    if not frames:
+        raise CodecError("empty message")
+    total = sum(_as_buffer(f).nbytes for f in frames)
+    if total > max_bytes:
+        raise CodecError(f"message of {total} bytes exceeds the limit of {max_bytes}")
+    header = lbc_pb2.FrameHeader()
+    try:
+        header.ParseFromString(bytes(_as_buffer(frames[0])))
+    except Exception as exc:  # protobuf raises DecodeError, but be strict about anything
+        raise CodecError(f"header does not parse: {exc}") from None
+    if header.schema_version != SCHEMA_VERSION:
+        raise CodecError(f"schema version {header.schema_version}, this service speaks {SCHEMA_VERSION}")
+    if expected_kind is not None and header.kind != expected_kind:
+        raise CodecError(f"kind {header.kind!r}, expected {expected_kind!r}")
+    if len(header.arrays) != len(frames) - 1:
+        raise CodecError(f"header lists {len(header.arrays)} arrays but {len(frames) - 1} frames follow")
+    arrays: dict[str, np.ndarray] = {}
+    for spec, frame in zip(header.arrays, frames[1:], strict=True):
+        if spec.dtype not in ALLOWED_DTYPES:
+            raise CodecError(f"array {spec.name!r}: dtype {spec.dtype!r} not allowed")
+        if spec.name in arrays:
+            raise CodecError(f"array {spec.name!r} appears twice")
+        if any(d < 0 for d in spec.shape):
+            raise CodecError(f"array {spec.name!r}: negative dimension in {list(spec.shape)}")
+        dtype = np.dtype(spec.dtype)
+        expected = int(np.prod(spec.shape, dtype=np.int64)) * dtype.itemsize
+        buf = _as_buffer(frame)
+        if buf.nbytes != expected:
+            raise CodecError(f"array {spec.name!r}: {buf.nbytes} bytes for shape {list(spec.shape)} "
+                             f"{spec.dtype} (needs {expected})")
+        arrays[spec.name] = np.frombuffer(buf, dtype=dtype).reshape(tuple(spec.shape))
+    return Message(kind=header.kind, sender=header.sender, param_version=header.param_version,
+                   arrays=arrays, meta=dict(header.meta))
+
+
+Layout = dict[str, tuple[str, tuple[int, ...]]]
+
+
+def check_layout(arrays: Mapping[str, np.ndarray], layout: Layout, leading: tuple[int, ...] = ()) -> None:
+    """Every array of the layout present with its dtype and shape (after `leading` dims), no others."""
+    missing = set(layout) - set(arrays)
+    extra = set(arrays) - set(layout)
+    if missing or extra:
+        raise CodecError(f"arrays do not match the layout: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    for name, (dtype, shape) in layout.items():
+        arr = arrays[name]
+        if arr.dtype.name != dtype:
+            raise CodecError(f"array {name!r}: dtype {arr.dtype.name}, expected {dtype}")
+        if arr.shape != leading + shape:
+            raise CodecError(f"array {name!r}: shape {arr.shape}, expected {leading + shape}")

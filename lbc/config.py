@@ -1,0 +1,312 @@
+"""One typed configuration for every service.
+
+Precedence, highest first: command-line ``--set a.b=value`` overrides, environment variables
+(``LBC_LEARNER__LR=1e-3``; nested keys joined by ``__``, so a Kubernetes ConfigMap can drive a
+service), the named preset, then the defaults below. Everything is validated at start: a typo in a
+key or a value of the wrong type stops the service with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EnvConfig(_Section):
+    kind: Literal["atari", "catch"] = "atari"
+    game: str = "pong"
+    num_envs: int = Field(16, ge=1)
+    num_threads: int = Field(1, ge=1, description="ALE worker threads per actor")
+    seed: int = 0
+    # DESIGN §5: the Agent57 / LBC Table 3 protocol.
+    full_action_space: bool = True
+    repeat_action_probability: float = Field(0.0, ge=0.0, le=1.0)
+    noop_max: int = Field(30, ge=0)
+    frameskip: int = Field(4, ge=1)
+    stack: int = Field(4, ge=1)
+    image_size: int = Field(84, ge=8)
+    max_episode_frames: int = Field(108_000, ge=1)
+    catch_rows: int = Field(10, ge=3)
+    catch_columns: int = Field(5, ge=2)
+
+
+class PolicySpec(_Section):
+    """h_i = (gamma_i, RS_i) of one policy model."""
+
+    gamma: float = Field(gt=0.0, le=1.0)
+    reward_shaping: Literal["rs1", "rs2", "rs3", "identity", "clip"]
+
+
+class NetConfig(_Section):
+    torso: Literal["small", "deep", "mlp"] = "small"
+    hidden: int = Field(256, ge=8)
+    lstm: int = Field(256, ge=8)
+
+
+class BehaviourConfig(_Section):
+    """The behaviour family F_psi and the space Psi the bandit discretises."""
+
+    family: Literal["boltzmann_mixture", "epsilon_greedy_mixture"] = "boltzmann_mixture"
+    controlled: bool = Field(True, description="False: fixed psi (tau = fixed_tau, omega uniform)")
+    fixed_tau: float = 1.0
+    tau_range: tuple[float, float] = (0.0, math.exp(4.0))
+    tau_accuracy: float = Field(0.2, gt=0.0)
+    omega_range: tuple[float, float] = (0.0, 1.0)
+    omega_accuracy: float = Field(0.1, gt=0.0)
+
+
+class BanditConfig(_Section):
+    """Population-based UCB bandits, LBC App. E.4 and Table 3; one population per dimension of psi."""
+
+    population: int = Field(7, ge=1)
+    c_range: tuple[float, float] = (0.5, 1.5)
+    top_d: int = Field(4, ge=1)
+    replace_every: int = Field(50, ge=1)
+    normalise_values: bool = True
+    snapshot_every_s: float = Field(30.0, gt=0.0)
+    seed: int = 0
+
+
+class SequenceConfig(_Section):
+    burn_in: int = Field(10, ge=0)
+    length: int = Field(20, ge=1, description="learning steps per sequence, after burn-in")
+
+    @property
+    def total(self) -> int:
+        return self.burn_in + self.length
+
+
+class ReplayConfig(_Section):
+    capacity_sequences: int = Field(2_000, ge=1)
+    capacity_bytes: int = Field(2_000_000_000, ge=1)
+    replay_ratio: float = Field(2.0, gt=0.0, description="times each sequence is trained on, on average")
+    min_sequences: int = Field(32, ge=1, description="no batch is served before this many are stored")
+    ratio_tolerance: float = Field(256.0, ge=1.0, description="slack of the rate limiter, in samples")
+    max_message_bytes: int = Field(64_000_000, ge=1024)
+
+
+class LearnerConfig(_Section):
+    batch_size: int = Field(16, ge=1)
+    optimiser: Literal["adamw"] = "adamw"
+    learning_rate: float = Field(5.3e-4, gt=0.0)
+    warmup_steps: int = Field(4000, ge=0)
+    anneal_steps: int = Field(1_000_000, ge=1, description="lr and weight decay reach 0 here")
+    weight_decay: float = Field(0.01, ge=0.0)
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-6
+    clip_norm: float = Field(50.0, gt=0.0)
+    push_every: int = Field(25, ge=1)
+    checkpoint_every: int = Field(500, ge=1, description="learner steps between checkpoints")
+    v_loss_scale: float = 1.0
+    q_loss_scale: float = 5.0
+    pi_loss_scale: float = 5.0
+    entropy_cost: float = 0.0
+    rho_bar: float = Field(1.05, gt=0.0)
+    c_bar: float = Field(1.05, gt=0.0)
+    trace_lambda: float = Field(1.0, ge=0.0, le=1.0)
+    threads: int = Field(1, ge=1)
+    prefetch: int = Field(2, ge=1)
+    seed: int = 0
+
+
+class ActorConfig(_Section):
+    pull_every: int = Field(64, ge=1, description="vector steps between parameter pulls")
+    threads: int = Field(1, ge=1)
+
+
+class Endpoints(_Section):
+    """Where services listen and find each other. On Kubernetes these are service names."""
+
+    params: str = "127.0.0.1:50051"
+    bandit: str = "127.0.0.1:50052"
+    replay_ingest: str = "tcp://127.0.0.1:5555"
+    replay_serve: str = "tcp://127.0.0.1:5556"
+    replay_health: str = "127.0.0.1:50053"
+    actor_health_base: int = 50060
+    learner_metrics: int = 9101
+    replay_metrics: int = 9102
+    bandit_metrics: int = 9103
+    actor_metrics_base: int = 9110
+    rpc_timeout_s: float = Field(5.0, gt=0.0)
+
+
+class Config(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="LBC_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    preset: str = "cpu"
+    run_dir: str = "runs/default"
+    env: EnvConfig = EnvConfig()
+    policies: tuple[PolicySpec, ...] = (
+        PolicySpec(gamma=0.997, reward_shaping="rs1"),
+        PolicySpec(gamma=0.999, reward_shaping="rs2"),
+        PolicySpec(gamma=0.99, reward_shaping="rs3"),
+    )
+    net: NetConfig = NetConfig()
+    behaviour: BehaviourConfig = BehaviourConfig()
+    bandit: BanditConfig = BanditConfig()
+    sequence: SequenceConfig = SequenceConfig()
+    replay: ReplayConfig = ReplayConfig()
+    learner: LearnerConfig = LearnerConfig()
+    actor: ActorConfig = ActorConfig()
+    endpoints: Endpoints = Endpoints()
+
+    @property
+    def num_policies(self) -> int:
+        return len(self.policies)
+
+    @model_validator(mode="after")
+    def _check(self) -> Config:
+        if not self.policies:
+            raise ValueError("policies: at least one policy is needed")
+        if self.env.kind == "catch" and self.net.torso != "mlp":
+            raise ValueError("env.kind=catch needs net.torso=mlp (its frames are not 84x84)")
+        if self.env.kind == "atari" and self.net.torso == "mlp":
+            raise ValueError("net.torso=mlp is only for env.kind=catch")
+        if self.replay.min_sequences < self.learner.batch_size:
+            raise ValueError("replay.min_sequences must be at least learner.batch_size")
+        if self.replay.ratio_tolerance < self.learner.batch_size + self.replay.replay_ratio:
+            raise ValueError("replay.ratio_tolerance must be at least learner.batch_size + replay.replay_ratio "
+                             "(else the rate limiter can block both actors and learner)")
+        if self.replay.capacity_sequences < self.replay.min_sequences:
+            raise ValueError("replay.capacity_sequences must be at least replay.min_sequences")
+        if self.learner.rho_bar < self.learner.c_bar:
+            raise ValueError("V-trace needs rho_bar >= c_bar (IMPALA sec. 4.1)")
+        for name in ("tau_range", "omega_range"):
+            lo, hi = getattr(self.behaviour, name)
+            if not 0.0 <= lo < hi:
+                raise ValueError(f"behaviour.{name} must satisfy 0 <= low < high, got {(lo, hi)}")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _PresetSource(settings_cls))
+
+
+class _PresetSource(PydanticBaseSettingsSource):
+    """Lowest-priority source: the values of the preset named by the higher sources."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        name = self.current_state.get("preset", "cpu")
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}")
+        return dict(PRESETS[name])
+
+
+_LBC_POLICIES = [
+    {"gamma": 0.997, "reward_shaping": "rs1"},
+    {"gamma": 0.999, "reward_shaping": "rs2"},
+    {"gamma": 0.99, "reward_shaping": "rs3"},
+]
+
+# LBC Table 3 at the paper's scale: needs a GPU learner.
+_PAPER: dict[str, Any] = {
+    "policies": _LBC_POLICIES,
+    "net": {"torso": "deep"},
+    "sequence": {"burn_in": 40, "length": 80},
+    "replay": {"replay_ratio": 2.0, "capacity_sequences": 50_000, "capacity_bytes": 60_000_000_000,
+               "min_sequences": 1_000},
+    "learner": {"batch_size": 64, "learning_rate": 5.3e-4, "warmup_steps": 4000},
+    "actor": {"pull_every": 64},
+    "env": {"num_envs": 32},
+}
+
+# The embedded default: LBC-BM sized for two cores and no GPU (DESIGN §6).
+_CPU: dict[str, Any] = {
+    "policies": _LBC_POLICIES,
+    "net": {"torso": "small"},
+    "sequence": {"burn_in": 10, "length": 20},
+    "replay": {"replay_ratio": 2.0, "capacity_sequences": 2_000, "capacity_bytes": 2_500_000_000,
+               "min_sequences": 64},
+    "learner": {"batch_size": 16, "learning_rate": 5.3e-4, "warmup_steps": 200, "anneal_steps": 200_000,
+                "checkpoint_every": 500},
+    "actor": {"pull_every": 64},
+    "env": {"num_envs": 16},
+}
+
+# IMPALA (Espeholt et al. 2018): one policy, V-trace actor-critic, entropy bonus, clipped rewards,
+# no behaviour control.
+_IMPALA: dict[str, Any] = {
+    "policies": [{"gamma": 0.99, "reward_shaping": "clip"}],
+    "net": {"torso": "small"},
+    "behaviour": {"controlled": False, "fixed_tau": 1.0},
+    "sequence": {"burn_in": 0, "length": 20},
+    "replay": {"replay_ratio": 1.0, "capacity_sequences": 500, "min_sequences": 16},
+    "learner": {"batch_size": 16, "learning_rate": 6e-4, "warmup_steps": 0, "anneal_steps": 200_000,
+                "v_loss_scale": 0.5, "q_loss_scale": 0.0, "pi_loss_scale": 1.0, "entropy_cost": 0.01,
+                "rho_bar": 1.0, "c_bar": 1.0, "clip_norm": 40.0},
+    "env": {"num_envs": 16},
+}
+
+# LBC-BM on the built-in Catch game: the end-to-end learning check (minutes on two cores).
+_CATCH: dict[str, Any] = {
+    **_CPU,
+    "env": {"kind": "catch", "num_envs": 8},
+    "net": {"torso": "mlp", "hidden": 64, "lstm": 64},
+    "sequence": {"burn_in": 2, "length": 10},
+    "replay": {"replay_ratio": 2.0, "capacity_sequences": 1_000, "min_sequences": 32},
+    "learner": {"batch_size": 32, "learning_rate": 2e-3, "warmup_steps": 20, "anneal_steps": 100_000,
+                "push_every": 5, "checkpoint_every": 200, "clip_norm": 40.0},
+    "behaviour": {"tau_range": [0.0, 10.0], "tau_accuracy": 1.0},
+    "actor": {"pull_every": 10},
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "lbc-bm": _PAPER,
+    "paper": _PAPER,
+    "cpu": _CPU,
+    "impala": _IMPALA,
+    "catch": _CATCH,
+}
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """Turn ``["learner.lr=1e-3", "env.game=breakout"]`` into a nested dict.
+
+    Values are read as JSON when they parse (numbers, booleans, lists), else kept as strings.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} is not of the form key.path=value")
+        key, raw = item.split("=", 1)
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"override {item!r} conflicts with an earlier one")
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(preset: str | None = None, overrides: Iterable[str] | Mapping[str, Any] = ()) -> Config:
+    """Build the validated configuration: defaults < preset < environment < overrides."""
+    init = dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides)
+    if preset is not None:
+        init["preset"] = preset
+    return Config(**init)

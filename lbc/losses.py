@@ -1,0 +1,162 @@
+"""Off-policy targets and losses: V-trace (IMPALA eq. 1), Retrace (Munos et al. 2016) and the
+IMPALA policy gradient, each a pure function over time-major tensors [T, B].
+
+`discounts[t]` is gamma * (1 - done[t]): zero where the episode ended at step t, so nothing is
+bootstrapped across an episode boundary inside a sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class VTraceReturns:
+    vs: torch.Tensor             # [T, B] targets v_s for V(x_s)
+    pg_advantages: torch.Tensor  # [T, B] rho_s (r_s + gamma v_{s+1} - V(x_s))
+
+
+@torch.no_grad()
+def vtrace(
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    log_rhos: torch.Tensor,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+    pg_rho_bar: float = 1.0,
+    lam: float = 1.0,
+) -> VTraceReturns:
+    """V-trace targets, IMPALA eq. (1) in its recursive form (Remark 1):
+
+        v_s = V(x_s) + delta_s V + gamma_s c_s (v_{s+1} - V(x_{s+1})),
+        delta_s V = rho_s (r_s + gamma_s V(x_{s+1}) - V(x_s)),
+        rho_s = min(rho_bar, pi/mu),  c_s = lam * min(c_bar, pi/mu)   (Remark 2 for lam).
+
+    values [T, B] are V(x_0..x_{T-1}); bootstrap_value [B] is V(x_T); log_rhos = log pi(a|x) - log mu(a|x).
+    The policy-gradient advantage uses q_s = r_s + gamma_s v_{s+1} (sec. 4.2).
+    """
+    rhos = torch.exp(log_rhos)
+    clipped_rhos = torch.clamp(rhos, max=rho_bar)
+    cs = lam * torch.clamp(rhos, max=c_bar)
+    values_next = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    deltas = clipped_rhos * (rewards + discounts * values_next - values)
+
+    acc = torch.zeros_like(bootstrap_value)
+    vs_minus_v = torch.empty_like(values)
+    for t in reversed(range(values.shape[0])):
+        acc = deltas[t] + discounts[t] * cs[t] * acc
+        vs_minus_v[t] = acc
+    vs = vs_minus_v + values
+
+    vs_next = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    pg_rhos = torch.clamp(rhos, max=pg_rho_bar)
+    pg_advantages = pg_rhos * (rewards + discounts * vs_next - values)
+    return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
+
+
+@torch.no_grad()
+def retrace_targets(
+    q_taken: torch.Tensor,
+    expected_q_next: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    traces: torch.Tensor,
+) -> torch.Tensor:
+    """Retrace targets for Q(x_t, a_t) (Munos et al. 2016, DESIGN §5.1):
+
+        G_t = r_t + gamma_t [ E_pi Q(x_{t+1}, .) + c_{t+1} (G_{t+1} - Q(x_{t+1}, a_{t+1})) ],
+        c_t = lam * min(c_bar, pi(a_t|x_t) / mu(a_t|x_t)).
+
+    q_taken [T, B] = Q(x_t, a_t); expected_q_next [T, B] = sum_a pi(a|x_{t+1}) Q(x_{t+1}, a), the
+    last row at the bootstrap state x_T; traces [T, B] = c_t. The last step has no correction term
+    because a_T is not in the sequence.
+    """
+    steps = q_taken.shape[0]
+    targets = torch.empty_like(q_taken)
+    targets[-1] = rewards[-1] + discounts[-1] * expected_q_next[-1]
+    for t in reversed(range(steps - 1)):
+        correction = traces[t + 1] * (targets[t + 1] - q_taken[t + 1])
+        targets[t] = rewards[t] + discounts[t] * (expected_q_next[t] + correction)
+    return targets
+
+
+def policy_gradient_loss(logits: torch.Tensor, actions: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """-log pi(a_t|x_t) * A_t per step [T, B]; advantages carry no gradient."""
+    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    return -log_probs * advantages.detach()
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """H(pi(.|x)) per step [T, B]."""
+    log_p = torch.log_softmax(logits, dim=-1)
+    return -(log_p.exp() * log_p).sum(-1)
+
+
+@dataclass(frozen=True)
+class LossScales:
+    """LBC Table 3: V-loss xi = 1, Q-loss alpha = 5, pi-loss beta = 5; IMPALA adds an entropy cost."""
+
+    v: float
+    q: float
+    pi: float
+    entropy: float
+    rho_bar: float
+    c_bar: float
+    lam: float
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    total: torch.Tensor
+    v: torch.Tensor
+    q: torch.Tensor
+    pi: torch.Tensor
+    entropy: torch.Tensor
+    abs_td: torch.Tensor  # [T, B] |v_s - V(x_s)|, for priorities and monitoring
+
+
+def lbc_policy_loss(
+    adv: torch.Tensor,
+    value: torch.Tensor,
+    actions: torch.Tensor,
+    behaviour_prob: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    scales: LossScales,
+) -> PolicyLoss:
+    """Losses of one policy i of LBC (App. F, Algorithm 2) over one learning window.
+
+    adv [T+1, B, A] dueling advantages A_i (also the policy logits, pi_i = softmax(A_i)); value
+    [T+1, B] = V_i; the last row is the bootstrap state. Q_i = V_i + A_i.
+    V_i is fitted to V-trace targets, Q_i to Retrace targets, pi_i by the V-trace policy gradient.
+    rewards are already shaped by RS_i, discounts are gamma_i * (1 - done).
+    """
+    logits = adv[:-1]
+    log_pi = torch.log_softmax(adv.detach(), dim=-1)          # [T+1, B, A]
+    pi = log_pi.exp()
+    log_pi_taken = log_pi[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    log_rhos = log_pi_taken - torch.log(behaviour_prob.clamp_min(1e-8))
+
+    vt = vtrace(value[:-1].detach(), value[-1].detach(), rewards, discounts, log_rhos,
+                rho_bar=scales.rho_bar, c_bar=scales.c_bar, pg_rho_bar=scales.rho_bar, lam=scales.lam)
+    v_loss = 0.5 * (vt.vs - value[:-1]).pow(2)
+
+    q = value.unsqueeze(-1) + adv                               # [T+1, B, A]
+    q_detached = q.detach()
+    q_taken = q[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    expected_next = (pi[1:] * q_detached[1:]).sum(-1)           # E_pi Q(x_{t+1}, .)
+    traces = scales.lam * torch.clamp(log_rhos.exp(), max=scales.c_bar)
+    q_targets = retrace_targets(q_taken.detach(), expected_next, rewards, discounts, traces)
+    q_loss = 0.5 * (q_targets - q_taken).pow(2)
+
+    pi_loss = policy_gradient_loss(logits, actions, vt.pg_advantages)
+    ent = entropy(logits)
+
+    total = (scales.v * v_loss.mean() + scales.q * q_loss.mean() + scales.pi * pi_loss.mean()
+             - scales.entropy * ent.mean())
+    return PolicyLoss(total=total, v=v_loss.mean(), q=q_loss.mean(), pi=pi_loss.mean(),
+                      entropy=ent.mean(), abs_td=(vt.vs - value[:-1].detach()).abs())

@@ -1,0 +1,53 @@
+"""Clients for the gRPC services, with deadlines; callers retry with lbc.service.Backoff."""
+
+from __future__ import annotations
+
+import grpc
+
+from lbc.params import assemble, chunks
+from lbcproto import lbc_pb2, lbc_pb2_grpc
+
+_OPTIONS = [("grpc.max_receive_message_length", 8 << 20), ("grpc.enable_retries", 1),
+            ("grpc.keepalive_time_ms", 20_000)]
+
+
+class ParameterClient:
+    def __init__(self, address: str, caller: str, timeout_s: float) -> None:
+        self.channel = grpc.insecure_channel(address, options=_OPTIONS)
+        self.stub = lbc_pb2_grpc.ParameterServiceStub(self.channel)
+        self.caller = caller
+        self.timeout_s = timeout_s
+
+    def pull(self, have_version: int) -> tuple[int, bytes] | None:
+        """The newest (version, blob), or None when have_version is current. Raises grpc.RpcError
+        or ValueError (corrupt stream)."""
+        stream = self.stub.Pull(lbc_pb2.PullRequest(caller=self.caller, have_version=have_version),
+                                timeout=self.timeout_s)
+        return assemble(stream)
+
+    def push(self, version: int, blob: bytes) -> lbc_pb2.PushReply:
+        return self.stub.Push(chunks(version, blob), timeout=self.timeout_s)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class BanditClient:
+    def __init__(self, address: str, timeout_s: float) -> None:
+        self.channel = grpc.insecure_channel(address, options=_OPTIONS)
+        self.stub = lbc_pb2_grpc.BanditServiceStub(self.channel)
+        self.timeout_s = timeout_s
+
+    def select(self, actor_id: str) -> lbc_pb2.Behavior:
+        return self.stub.SelectBehavior(lbc_pb2.SelectRequest(actor_id=actor_id), timeout=self.timeout_s)
+
+    def report(self, actor_id: str, episode_id: str, episode_return: float) -> lbc_pb2.ReportReply:
+        return self.stub.ReportReturn(lbc_pb2.ReturnReport(actor_id=actor_id, episode_id=episode_id,
+                                                           episode_return=episode_return),
+                                      timeout=self.timeout_s)
+
+    def stats(self, actor_id: str = "") -> lbc_pb2.BanditStats:
+        return self.stub.GetStats(lbc_pb2.StatsRequest(actor_id=actor_id), timeout=self.timeout_s)
+
+    def close(self) -> None:
+        self.channel.close()

@@ -1,0 +1,55 @@
+"""The sequence record actors stream to replay, and the batch replay serves to the learner.
+
+A sequence covers L = burn_in + length steps and L + 1 observations (the last one bootstraps).
+Arrays indexed by observation (length L + 1): obs, prev_action, prev_reward, reset.
+Arrays indexed by step (length L): action, reward (raw), done, behaviour_prob (mu(a_t|x_t)), psi.
+h0, c0: the LSTM state before obs[0]. Consecutive sequences of one environment overlap by burn_in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from lbc.codec import CodecError, Layout, check_layout
+from lbc.config import Config
+from lbc.envs import env_spec
+
+
+def sequence_layout(cfg: Config) -> Layout:
+    steps = cfg.sequence.total
+    obs_shape = env_spec(cfg.env).obs_shape
+    return {
+        "obs": ("uint8", (steps + 1, *obs_shape)),
+        "prev_action": ("int32", (steps + 1,)),
+        "prev_reward": ("float32", (steps + 1,)),
+        "reset": ("bool", (steps + 1,)),
+        "action": ("int32", (steps,)),
+        "reward": ("float32", (steps,)),
+        "done": ("bool", (steps,)),
+        "behaviour_prob": ("float32", (steps,)),
+        "psi": ("float32", (steps, 2 * cfg.num_policies)),
+        "h0": ("float32", (cfg.net.lstm,)),
+        "c0": ("float32", (cfg.net.lstm,)),
+    }
+
+
+def validate_sequence(arrays: Mapping[str, np.ndarray], cfg: Config) -> None:
+    """Layout plus the values a learner would choke on. Raises CodecError with the reason."""
+    check_layout(arrays, sequence_layout(cfg))
+    num_actions = env_spec(cfg.env).num_actions
+    action = arrays["action"]
+    if action.min() < 0 or action.max() >= num_actions:
+        raise CodecError(f"action outside [0, {num_actions})")
+    prob = arrays["behaviour_prob"]
+    if not np.all((prob > 0.0) & (prob <= 1.0 + 1e-5)):
+        raise CodecError("behaviour_prob outside (0, 1]")
+    for name in ("reward", "prev_reward", "psi", "h0", "c0"):
+        if not np.all(np.isfinite(arrays[name])):
+            raise CodecError(f"{name} has non-finite values")
+
+
+def stack(sequences: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Batch sequences along a new leading axis."""
+    return {name: np.stack([s[name] for s in sequences]) for name in sequences[0]}

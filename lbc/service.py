@@ -1,0 +1,94 @@
+"""What every service shell shares: command line, logging, SIGTERM, metrics and health endpoints."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import start_http_server
+
+from lbc.config import PRESETS, Config, load_config
+
+
+def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description,
+        epilog="Configuration: a preset, then LBC_* environment variables (nested keys joined by '__', "
+               "e.g. LBC_LEARNER__BATCH_SIZE=32), then --set overrides. See README 'Configuration'.")
+    parser.add_argument("--preset", default=None,
+                        help=f"one of {', '.join(sorted(PRESETS))} (default: $LBC_PRESET or 'cpu')")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one setting, e.g. --set learner.batch_size=32 (repeatable)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    try:
+        return load_config(args.preset, args.overrides)
+    except Exception as exc:  # pydantic's message names the field; show it and stop
+        raise SystemExit(f"invalid configuration:\n{exc}") from None
+
+
+def setup_logging(name: str, level: str) -> logging.Logger:
+    logging.basicConfig(level=level, format=f"%(asctime)s {name} %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
+    return logging.getLogger(name)
+
+
+def stop_event() -> threading.Event:
+    """Set on SIGTERM or SIGINT so main loops can finish their step and shut down cleanly."""
+    event = threading.Event()
+
+    def _handler(signum: int, _frame: object) -> None:
+        logging.getLogger("lbc").info("received %s, shutting down", signal.Signals(signum).name)
+        event.set()
+
+    signal.signal(signal.SIGTERM, _handler)
+    signal.signal(signal.SIGINT, _handler)
+    return event
+
+
+def start_metrics(port: int) -> None:
+    """Prometheus /metrics on all interfaces (process memory and CPU come with the default registry)."""
+    start_http_server(port, addr="0.0.0.0")
+
+
+def listen_address(endpoint: str) -> str:
+    """Listen on every interface at the endpoint's port (the endpoint is what peers dial)."""
+    return f"[::]:{endpoint.rsplit(':', 1)[1]}"
+
+
+def grpc_server(address: str, workers: int = 8) -> tuple[grpc.Server, health.HealthServicer]:
+    """A gRPC server with the standard health service registered; call set_serving() once ready."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if server.add_insecure_port(address) == 0:
+        raise SystemExit(f"cannot listen on {address}")
+    return server, health_servicer
+
+
+def set_serving(health_servicer: health.HealthServicer, services: list[str], serving: bool = True) -> None:
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ["", *services]:
+        health_servicer.set(name, status)
+
+
+class Backoff:
+    """Exponential backoff with a cap, for retrying a peer without busy-waiting or crashing."""
+
+    def __init__(self, initial: float = 0.2, cap: float = 10.0) -> None:
+        self.initial, self.cap, self.delay = initial, cap, initial
+
+    def wait(self, stop: threading.Event) -> None:
+        stop.wait(self.delay)
+        self.delay = min(self.cap, self.delay * 2)
+
+    def reset(self) -> None:
+        self.delay = self.initial

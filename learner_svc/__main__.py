@@ -1,0 +1,124 @@
+"""learner_svc: trains every policy from replay batches and hosts the ParameterService."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from prometheus_client import Counter, Gauge
+
+from lbc.config import Config
+from lbc.params import to_blob
+from lbc.service import (
+    base_parser,
+    config_from_args,
+    grpc_server,
+    listen_address,
+    set_serving,
+    setup_logging,
+    start_metrics,
+    stop_event,
+)
+from lbcproto import lbc_pb2_grpc
+from learner_svc import checkpoint
+from learner_svc.batches import BatchFetcher
+from learner_svc.param_server import ParameterServicer, ParameterStore
+from learner_svc.training import Trainer
+
+STEPS = Counter("lbc_learner_steps_total", "Learner optimiser steps")
+SAMPLES = Counter("lbc_learner_samples_total", "Time steps trained on (batch x learning length)")
+VERSION = Gauge("lbc_learner_param_version", "Version of the parameters last published")
+LOSS = Gauge("lbc_learner_loss", "Loss terms per policy (means over the last batch)", ["policy", "term"])
+TOTAL_LOSS = Gauge("lbc_learner_total_loss", "Total loss of the last batch")
+GRAD_NORM = Gauge("lbc_learner_grad_norm", "Gradient norm before clipping")
+LR = Gauge("lbc_learner_learning_rate", "Current learning rate")
+LAG = Gauge("lbc_learner_policy_lag", "Learner version minus the batch's trajectory versions", ["stat"])
+CHECKPOINTS = Counter("lbc_learner_checkpoints_total", "Checkpoints written")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = base_parser("learner_svc", __doc__)
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in run_dir")
+    parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: run until stopped)")
+    args = parser.parse_args(argv)
+    cfg: Config = config_from_args(args)
+    log = setup_logging("learner", args.log_level)
+    stop = stop_event()
+    torch.set_num_threads(cfg.learner.threads)
+
+    trainer = Trainer(cfg)
+    counters = checkpoint.Counters()
+    ckpt_dir = Path(cfg.run_dir) / "checkpoints"
+    if args.resume:
+        found = checkpoint.latest(ckpt_dir)
+        if found is None:
+            log.warning("--resume given but no checkpoint in %s; starting fresh", ckpt_dir)
+        else:
+            counters = checkpoint.load(found, trainer.model, trainer.optimiser)
+            trainer.step = counters.step
+            log.info("resumed from %s at step %d, version %d", found, counters.step, counters.version)
+
+    store = ParameterStore()
+    store.set(counters.version, to_blob(trainer.model))
+    VERSION.set(counters.version)
+    server, health = grpc_server(listen_address(cfg.endpoints.params))
+    lbc_pb2_grpc.add_ParameterServiceServicer_to_server(ParameterServicer(store), server)
+    server.start()
+    set_serving(health, ["lbc.v1.ParameterService"])
+    start_metrics(cfg.endpoints.learner_metrics)
+    fetcher = BatchFetcher(cfg, stop)
+    fetcher.start()
+    log.info("learner up: params on %s, replay %s, %d policies, batch %d x %d (+%d burn-in), preset %s",
+             cfg.endpoints.params, cfg.endpoints.replay_serve, cfg.num_policies, cfg.learner.batch_size,
+             cfg.sequence.length, cfg.sequence.burn_in, cfg.preset)
+
+    samples_per_batch = cfg.learner.batch_size * cfg.sequence.length
+    last_log = time.monotonic()
+    while not stop.is_set():
+        got = fetcher.get()
+        if got is None:
+            continue
+        batch, _ = got
+        versions = batch.pop("param_version")
+        stats = trainer.train_step(batch)
+        counters.step = trainer.step
+        counters.samples += samples_per_batch
+        STEPS.inc()
+        SAMPLES.inc(samples_per_batch)
+        lag = counters.version - versions
+        LAG.labels("mean").set(float(lag.mean()))
+        LAG.labels("max").set(float(lag.max()))
+        TOTAL_LOSS.set(stats.loss)
+        GRAD_NORM.set(stats.grad_norm)
+        LR.set(stats.learning_rate)
+        for i, terms in enumerate(stats.per_policy):
+            for term, value in terms.items():
+                LOSS.labels(str(i + 1), term).set(value)
+        if trainer.step % cfg.learner.push_every == 0:
+            counters.version += 1
+            store.set(counters.version, to_blob(trainer.model))
+            VERSION.set(counters.version)
+        if trainer.step % cfg.learner.checkpoint_every == 0:
+            path = checkpoint.save(ckpt_dir, trainer.model, trainer.optimiser, counters)
+            CHECKPOINTS.inc()
+            log.info("checkpoint %s", path)
+        if time.monotonic() - last_log > 30:
+            last_log = time.monotonic()
+            log.info("step %d version %d loss %.4f grad-norm %.2f lag %.1f", trainer.step, counters.version,
+                     stats.loss, stats.grad_norm, float(lag.mean()))
+        if args.max_steps and trainer.step >= args.max_steps:
+            break
+
+    set_serving(health, ["lbc.v1.ParameterService"], serving=False)
+    if trainer.step > 0:
+        checkpoint.save(ckpt_dir, trainer.model, trainer.optimiser, counters)
+        log.info("final checkpoint at step %d", trainer.step)
+    server.stop(grace=1.0).wait()
+    stop.set()
+    log.info("learner stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""Batches from replay over ZeroMQ (DEALER -> replay's ROUTER), fetched ahead on a thread.
+
+The learner asks for one batch at a time; replay answers when its rate limiter allows. A request
+that goes unanswered (replay restarted) is sent again after a timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+import numpy as np
+import zmq
+from prometheus_client import Counter, Histogram
+
+from lbc import codec
+from lbc.config import Config
+from lbc.sequences import sequence_layout
+
+log = logging.getLogger("learner")
+
+REJECTED = Counter("lbc_learner_batches_rejected_total", "Batches that failed validation", ["reason"])
+WAIT = Histogram("lbc_learner_batch_wait_seconds", "Time waiting for replay per batch",
+                 buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+
+
+class BatchFetcher:
+    def __init__(self, cfg: Config, stop: threading.Event, request_timeout_s: float = 10.0) -> None:
+        self.cfg = cfg
+        self.stop = stop
+        self.timeout_ms = int(request_timeout_s * 1000)
+        self.layout = {**sequence_layout(cfg), "param_version": ("int64", ())}
+        self.batch_size = cfg.learner.batch_size
+        self.queue: queue.Queue[tuple[dict[str, np.ndarray], int]] = queue.Queue(maxsize=cfg.learner.prefetch)
+        self.thread = threading.Thread(target=self._run, name="batch-fetcher", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def get(self, timeout: float = 0.5) -> tuple[dict[str, np.ndarray], int] | None:
+        """(batch, newest sequence version) or None when nothing arrived within timeout."""
+        try:
+            return self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _run(self) -> None:
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.cfg.endpoints.replay_serve)
+        request = codec.encode("batch_request", {}, meta={"batch_size": str(self.batch_size)})
+        pending = False
+        sent_at = 0.0
+        while not self.stop.is_set():
+            if not pending:
+                sock.send_multipart(request)
+                pending, sent_at = True, time.monotonic()
+            if not sock.poll(200):
+                if time.monotonic() - sent_at > self.timeout_ms / 1000:
+                    pending = False  # replay may have restarted: ask again
+                continue
+            frames = sock.recv_multipart(copy=False)
+            pending = False
+            WAIT.observe(time.monotonic() - sent_at)
+            try:
+                msg = codec.decode(frames, max_bytes=self.cfg.replay.max_message_bytes * self.batch_size,
+                                   expected_kind="batch")
+                codec.check_layout(msg.arrays, self.layout, leading=(self.batch_size,))
+            except codec.CodecError as exc:
+                REJECTED.labels(type(exc).__name__).inc()
+                log.warning("rejected a batch from replay: %s", exc)
+                continue
+            while not self.stop.is_set():
+                try:
+                    self.queue.put((msg.arrays, msg.param_version), timeout=0.5)
+                    break
+                except queue.Full:
+                    continue
+        sock.close()

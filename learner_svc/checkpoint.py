@@ -1,0 +1,46 @@
+"""Learner checkpoints: weights, optimiser, step counters and RNG, written atomically and loaded
+with weights_only=True (no code runs on load)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+KEEP = 3
+
+
+@dataclass
+class Counters:
+    step: int = 0
+    version: int = 0
+    samples: int = 0
+
+
+def save(directory: Path, trainer_model: torch.nn.Module, optimiser: torch.optim.Optimizer,
+         counters: Counters) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"ckpt-{counters.step:09d}.pt"
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": trainer_model.state_dict(), "optimiser": optimiser.state_dict(),
+                "step": counters.step, "version": counters.version, "samples": counters.samples,
+                "torch_rng": torch.get_rng_state()}, tmp)
+    os.replace(tmp, path)
+    for old in sorted(directory.glob("ckpt-*.pt"))[:-KEEP]:
+        old.unlink()
+    return path
+
+
+def latest(directory: Path) -> Path | None:
+    found = sorted(directory.glob("ckpt-*.pt"))
+    return found[-1] if found else None
+
+
+def load(path: Path, trainer_model: torch.nn.Module, optimiser: torch.optim.Optimizer) -> Counters:
+    state = torch.load(path, weights_only=True, map_location="cpu")
+    trainer_model.load_state_dict(state["model"])
+    optimiser.load_state_dict(state["optimiser"])
+    torch.set_rng_state(state["torch_rng"])
+    return Counters(step=int(state["step"]), version=int(state["version"]), samples=int(state["samples"]))

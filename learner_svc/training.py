@@ -1,0 +1,98 @@
+"""One learner step: burn-in from the stored recurrent state, then every policy's losses.
+
+`Trainer` owns the model, the optimiser and the schedules; it knows nothing about transports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lbc.config import Config
+from lbc.envs import env_spec
+from lbc.losses import LossScales, lbc_policy_loss
+from lbc.nets import LBCNet, build_net
+from lbc.rewards import REWARD_SHAPING
+
+
+def schedule_factor(step: int, warmup: int, anneal: int) -> float:
+    """LBC Table 3: linear warm-up over `warmup` steps, then linear annealing to 0 at `anneal`."""
+    warm = min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+    return warm * max(0.0, 1.0 - step / anneal)
+
+
+@dataclass
+class StepStats:
+    loss: float
+    per_policy: list[dict[str, float]]   # v, q, pi, entropy per policy
+    grad_norm: float
+    learning_rate: float
+    abs_td: np.ndarray                   # [B] per-sequence priority 0.9 max + 0.1 mean |TD| (R2D2)
+
+
+def to_time_major(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """[B, T, ...] numpy arrays to [T, B, ...] tensors; h0/c0 stay [B, H]."""
+    out: dict[str, torch.Tensor] = {}
+    for name, arr in batch.items():
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+        out[name] = t if name in ("h0", "c0", "param_version") else t.transpose(0, 1)
+    return out
+
+
+class Trainer:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        spec = env_spec(cfg.env)
+        torch.manual_seed(cfg.learner.seed)
+        self.model: LBCNet = build_net(cfg, spec.obs_shape, spec.num_actions)
+        lc = cfg.learner
+        self.optimiser = torch.optim.AdamW(self.model.parameters(), lr=lc.learning_rate, betas=lc.adam_betas,
+                                           eps=lc.adam_eps, weight_decay=lc.weight_decay)
+        self.scales = LossScales(v=lc.v_loss_scale, q=lc.q_loss_scale, pi=lc.pi_loss_scale,
+                                 entropy=lc.entropy_cost, rho_bar=lc.rho_bar, c_bar=lc.c_bar, lam=lc.trace_lambda)
+        self.shaping = [REWARD_SHAPING[p.reward_shaping] for p in cfg.policies]
+        self.gammas = [p.gamma for p in cfg.policies]
+        self.step = 0
+
+    def train_step(self, batch: dict[str, np.ndarray]) -> StepStats:
+        lc = self.cfg.learner
+        factor = schedule_factor(self.step, lc.warmup_steps, lc.anneal_steps)
+        for group in self.optimiser.param_groups:
+            group["lr"] = lc.learning_rate * factor
+            group["weight_decay"] = lc.weight_decay * max(0.0, 1.0 - self.step / lc.anneal_steps)
+
+        b = to_time_major(batch)
+        burn = self.cfg.sequence.burn_in
+        state = (b["h0"], b["c0"])
+        inputs = ("obs", "prev_action", "prev_reward", "reset")
+        obs, prev_action, prev_reward, reset = (b[k] for k in inputs)
+        prev_action = prev_action.long()
+        if burn > 0:
+            with torch.no_grad():
+                state = self.model(obs[:burn], prev_action[:burn], prev_reward[:burn], reset[:burn], state).state
+        out = self.model(obs[burn:], prev_action[burn:], prev_reward[burn:], reset[burn:], state)
+
+        actions = b["action"][burn:].long()
+        raw_reward = b["reward"][burn:]
+        not_done = 1.0 - b["done"][burn:].float()
+        mu = b["behaviour_prob"][burn:]
+        total = torch.zeros(())
+        per_policy = []
+        abs_td = torch.zeros(actions.shape[1])
+        for i, (shape, gamma) in enumerate(zip(self.shaping, self.gammas, strict=True)):
+            loss = lbc_policy_loss(out.adv[:, :, i], out.value[:, :, i], actions, mu, shape(raw_reward),
+                                   gamma * not_done, self.scales)
+            total = total + loss.total
+            per_policy.append({"v": loss.v.item(), "q": loss.q.item(), "pi": loss.pi.item(),
+                               "entropy": loss.entropy.item()})
+            abs_td = torch.maximum(abs_td, 0.9 * loss.abs_td.max(0).values + 0.1 * loss.abs_td.mean(0))
+
+        self.optimiser.zero_grad(set_to_none=True)
+        total.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), lc.clip_norm)
+        self.optimiser.step()
+        self.step += 1
+        return StepStats(loss=total.item(), per_policy=per_policy, grad_norm=float(grad_norm),
+                         learning_rate=lc.learning_rate * factor, abs_td=abs_td.numpy())

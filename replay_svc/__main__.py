@@ -1,0 +1,173 @@
+"""replay_svc: takes sequences from any number of actors (ZeroMQ PULL), stores them in a bounded
+buffer, and serves batches to the learner (ZeroMQ ROUTER) under a rate limiter."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import zmq
+from prometheus_client import Counter, Gauge
+
+from lbc import codec
+from lbc.config import Config
+from lbc.sequences import stack, validate_sequence
+from lbc.service import (
+    base_parser,
+    config_from_args,
+    grpc_server,
+    listen_address,
+    set_serving,
+    setup_logging,
+    start_metrics,
+    stop_event,
+)
+from replay_svc.buffer import RateLimiter, SequenceBuffer
+
+SIZE = Gauge("lbc_replay_sequences", "Sequences stored")
+BYTES = Gauge("lbc_replay_bytes", "Bytes stored")
+CAPACITY = Gauge("lbc_replay_capacity_sequences", "Sequence capacity")
+INSERTED = Counter("lbc_replay_inserted_total", "Sequences accepted")
+SAMPLED = Counter("lbc_replay_sampled_total", "Sequences served to the learner")
+BATCHES = Counter("lbc_replay_batches_total", "Batches served")
+EVICTED = Counter("lbc_replay_evicted_total", "Sequences dropped to stay within capacity")
+REJECTED = Counter("lbc_replay_rejected_total", "Messages rejected", ["reason"])
+INSERT_BLOCKED = Gauge("lbc_replay_insert_blocked", "1 while the rate limiter holds actors back")
+SAMPLE_BLOCKED = Gauge("lbc_replay_sample_blocked", "1 while a learner request waits for data")
+
+
+class RejectLog:
+    """Count every rejection; log each distinct reason once so a bad peer cannot flood the log."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+        self.seen: set[str] = set()
+
+    def __call__(self, source: str, exc: Exception) -> None:
+        reason = str(exc).split(":")[0][:60]
+        REJECTED.labels(reason).inc()
+        if reason not in self.seen:
+            self.seen.add(reason)
+            self.log.warning("rejected a message from %s: %s", source, exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = base_parser("replay_svc", __doc__)
+    args = parser.parse_args(argv)
+    cfg: Config = config_from_args(args)
+    log = setup_logging("replay", args.log_level)
+    stop = stop_event()
+    rc = cfg.replay
+
+    buffer = SequenceBuffer(rc.capacity_sequences, rc.capacity_bytes)
+    limiter = RateLimiter(rc.replay_ratio, rc.min_sequences, rc.ratio_tolerance)
+    rng = np.random.default_rng(cfg.env.seed + 7)
+    reject = RejectLog(log)
+    CAPACITY.set(rc.capacity_sequences)
+
+    ctx = zmq.Context.instance()
+    ingest = ctx.socket(zmq.PULL)
+    ingest.setsockopt(zmq.RCVHWM, 16)
+    ingest.setsockopt(zmq.MAXMSGSIZE, rc.max_message_bytes)
+    ingest.setsockopt(zmq.LINGER, 0)
+    ingest.bind(_bind_address(cfg.endpoints.replay_ingest))
+    serve = ctx.socket(zmq.ROUTER)
+    serve.setsockopt(zmq.LINGER, 0)
+    serve.setsockopt(zmq.MAXMSGSIZE, 1 << 16)
+    serve.bind(_bind_address(cfg.endpoints.replay_serve))
+
+    server, health = grpc_server(listen_address(cfg.endpoints.replay_health), workers=2)
+    server.start()
+    set_serving(health, ["lbc.v1.Replay"])
+    start_metrics(cfg.endpoints.replay_metrics)
+    log.info("replay up: ingest %s, serve %s, capacity %d sequences / %.1f GB, ratio %.2f",
+             cfg.endpoints.replay_ingest, cfg.endpoints.replay_serve, rc.capacity_sequences,
+             rc.capacity_bytes / 1e9, rc.replay_ratio)
+
+    pending: dict[bytes, int] = {}   # learner identity -> batch size asked for
+    last_log = time.monotonic()
+    while not stop.is_set():
+        poller = zmq.Poller()
+        poller.register(serve, zmq.POLLIN)
+        can_insert = limiter.can_insert()
+        INSERT_BLOCKED.set(0 if can_insert else 1)
+        if can_insert:
+            poller.register(ingest, zmq.POLLIN)
+        events = dict(poller.poll(100))
+
+        if ingest in events:
+            for _ in range(64):
+                if not limiter.can_insert():
+                    break
+                try:
+                    frames = ingest.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                try:
+                    msg = codec.decode(frames, max_bytes=rc.max_message_bytes, expected_kind="sequence")
+                    validate_sequence(msg.arrays, cfg)
+                except codec.CodecError as exc:
+                    reject("an actor", exc)
+                    continue
+                evicted_before = buffer.evicted
+                buffer.add(msg.arrays, msg.param_version)
+                limiter.insert()
+                INSERTED.inc()
+                EVICTED.inc(buffer.evicted - evicted_before)
+
+        if serve in events:
+            while True:
+                try:
+                    identity, *frames = serve.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                except ValueError:
+                    continue
+                try:
+                    req = codec.decode(frames, max_bytes=1 << 16, expected_kind="batch_request")
+                    size = int(req.meta.get("batch_size", "0"))
+                    if not 1 <= size <= rc.capacity_sequences:
+                        raise codec.CodecError(f"batch_size {size} out of range")
+                except (codec.CodecError, ValueError) as exc:
+                    reject("learner", exc)
+                    continue
+                pending[identity] = size
+
+        for identity, size in list(pending.items()):
+            if not limiter.can_sample(size, len(buffer)):
+                continue
+            items = buffer.sample(size, rng)
+            arrays = stack([it.arrays for it in items])
+            arrays["param_version"] = np.array([it.param_version for it in items], dtype=np.int64)
+            frames = codec.encode("batch", arrays, sender="replay",
+                                  param_version=int(arrays["param_version"].max()))
+            serve.send_multipart([identity, *frames], copy=False)
+            limiter.sample(size)
+            del pending[identity]
+            SAMPLED.inc(size)
+            BATCHES.inc()
+        SAMPLE_BLOCKED.set(1 if pending else 0)
+        SIZE.set(len(buffer))
+        BYTES.set(buffer.nbytes)
+
+        if time.monotonic() - last_log > 30:
+            last_log = time.monotonic()
+            log.info("stored %d sequences (%.2f GB), inserted %d, sampled %d, evicted %d",
+                     len(buffer), buffer.nbytes / 1e9, limiter.inserted, limiter.sampled, buffer.evicted)
+
+    set_serving(health, ["lbc.v1.Replay"], serving=False)
+    ingest.close()
+    serve.close()
+    server.stop(grace=0.5).wait()
+    log.info("replay stopped")
+    return 0
+
+
+def _bind_address(endpoint: str) -> str:
+    """Bind on every interface at the endpoint's port."""
+    return f"tcp://*:{endpoint.rsplit(':', 1)[1]}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
