@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("waiting for the first parameters from %s", cfg.endpoints.params)
         backoff.wait(stop)
     set_serving(health, ["lbc.v1.Actor"])
-    log.info("actor %s up: %d x %s (%s), version %d", actor_id, num_envs, cfg.env.game, cfg.env.kind,
-             puller.version)
+    log.info("actor %s up: %d x %s, version %d", actor_id, num_envs,
+             cfg.env.game if cfg.env.kind == "atari" else cfg.env.kind, puller.version)
 
     obs = envs.reset()
     state = net.initial_state(num_envs)
@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     omega = torch.tensor([b.omega for b in episode], dtype=torch.float32)
     ep_return = np.zeros(num_envs)
     recent: deque[float] = deque(maxlen=100)
+    episodes = 0
     frame_skip = cfg.env.frameskip if cfg.env.kind == "atari" else 1
     steps = 0
     last_log = time.monotonic()
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         ep_return += result.reward
         for e in np.flatnonzero(result.done):
             recent.append(float(ep_return[e]))
+            episodes += 1
             EPISODES.inc()
             RETURN_LAST.set(ep_return[e])
             behaviours.report(episode[e].episode_id, float(ep_return[e]))
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         if time.monotonic() - last_log > 30:
             last_log = time.monotonic()
             mean = float(np.mean(recent)) if recent else float("nan")
-            log.info("steps %d, episodes %d, mean return %.2f, version %d", steps * num_envs, len(recent), mean,
+            log.info("steps %d, episodes %d, mean return %.2f, version %d", steps * num_envs, episodes, mean,
                      puller.version)
         if args.max_steps and steps >= args.max_steps:
             break

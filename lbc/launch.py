@@ -1,0 +1,242 @@
+"""Local launcher (`make run`): every service as a supervised child process on 127.0.0.1.
+
+Prints a progress line every few seconds from the services' own /metrics, appends it to
+runs/<name>/metrics.jsonl, restarts a service that dies (the learner from its last checkpoint),
+and stops everything on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from lbc.bandit import Discretisation
+from lbc.config import PRESETS, Config, load_config
+from lbc.scores import human_normalised
+
+MAX_RESTARTS = 5          # within RESTART_WINDOW_S; more means something is wrong, not transient
+RESTART_WINDOW_S = 120.0
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    restarts: list[float] = field(default_factory=list)
+
+    def start(self, resume: bool = False) -> None:
+        argv = self.argv + (["--resume"] if resume and self.name == "learner" else [])
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+
+
+def scrape(port: int, timeout: float = 1.0) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Metric samples of one service: name -> [(labels, value)]; empty when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def value(samples: dict, name: str, **labels: str) -> float | None:
+    for got, v in samples.get(name, []):
+        if all(got.get(k) == want for k, want in labels.items()):
+            return v
+    return None
+
+
+class Progress:
+    """Turns scraped metrics into the progress line and the metrics log record."""
+
+    def __init__(self, cfg: Config, actors: int) -> None:
+        self.cfg = cfg
+        self.actors = actors
+        self.last: tuple[float, float, float] | None = None  # (time, frames, learner steps)
+        b = cfg.behaviour
+        self.tau_dim = Discretisation(*b.tau_range, b.tau_accuracy)
+        self.omega_dim = Discretisation(*b.omega_range, b.omega_accuracy)
+
+    def record(self) -> dict:
+        e = self.cfg.endpoints
+        actor_metrics = [scrape(e.actor_metrics_base + i) for i in range(self.actors)]
+        learner, replay, bandit = scrape(e.learner_metrics), scrape(e.replay_metrics), scrape(e.bandit_metrics)
+        frames = sum(value(m, "lbc_actor_frames_total") or 0.0 for m in actor_metrics)
+        episodes = sum(value(m, "lbc_actor_episodes_total") or 0.0 for m in actor_metrics)
+        window = [(value(m, "lbc_actor_return_mean100"), value(m, "lbc_actor_return_window")) for m in actor_metrics]
+        weighted = [(r * n, n) for r, n in window if r is not None and n]
+        mean_return = sum(a for a, _ in weighted) / sum(n for _, n in weighted) if weighted else None
+        steps = value(learner, "lbc_learner_steps_total") or 0.0
+        now = time.monotonic()
+        fps = sps = None
+        if self.last is not None:
+            dt = now - self.last[0]
+            fps, sps = (frames - self.last[1]) / dt, (steps - self.last[2]) / dt
+        self.last = (now, frames, steps)
+        size = value(replay, "lbc_replay_sequences")
+        cap = value(replay, "lbc_replay_capacity_sequences")
+        return {
+            "time": time.time(), "frames": frames, "fps": fps, "episodes": episodes,
+            "mean_return_100": mean_return,
+            "hns": (human_normalised(self.cfg.env.game, mean_return)
+                    if mean_return is not None and self.cfg.env.kind == "atari" else None),
+            "learner_steps": steps, "learner_sps": sps,
+            "version": value(learner, "lbc_learner_param_version"),
+            "lag": value(learner, "lbc_learner_policy_lag", stat="mean"),
+            "replay_fill": size / cap if size is not None and cap else None,
+            "bandit_top": self._top_arms(bandit),
+        }
+
+    def _top_arms(self, bandit: dict) -> dict[str, str]:
+        counts: dict[str, dict[int, float]] = {}
+        for labels, v in bandit.get("lbc_bandit_selections_total", []):
+            counts.setdefault(labels["dimension"], {})[int(labels["arm"])] = v
+        top = {}
+        for dim, arms in sorted(counts.items()):
+            arm = max(arms, key=arms.get)
+            lo, hi = (self.tau_dim if dim.startswith("tau") else self.omega_dim).region(arm)
+            top[dim] = f"[{lo:.1f},{hi:.1f})"
+        return top
+
+    @staticmethod
+    def line(r: dict) -> str:
+        def f(x: float | None, fmt: str) -> str:
+            return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+        top = " ".join(f"{k}{v}" for k, v in r["bandit_top"].items() if k.startswith("tau")) or "-"
+        return (f"frames {f(r['frames'], ',.0f')} | {f(r['fps'], ',.0f')} f/s | episodes {f(r['episodes'], '.0f')} | "
+                f"return100 {f(r['mean_return_100'], '.2f')} | HNS {f(r['hns'], '.3f')} | "
+                f"learner {f(r['learner_steps'], '.0f')} steps {f(r['learner_sps'], '.2f')}/s | "
+                f"version {f(r['version'], '.0f')} lag {f(r['lag'], '.1f')} | replay {f(r['replay_fill'], '.0%')} | "
+                f"bandit {top}")
+
+
+def build_children(args: argparse.Namespace, run_dir: Path) -> list[Child]:
+    common = ["--preset", args.preset, "--set", f"run_dir={run_dir}", "--set", f"env.game={args.game}"]
+    for item in args.overrides:
+        common += ["--set", item]
+    logs = run_dir / "logs"
+    py = sys.executable
+    children = [
+        Child("bandit", [py, "-m", "bandit_svc", *common], logs / "bandit.log"),
+        Child("replay", [py, "-m", "replay_svc", *common], logs / "replay.log"),
+        Child("learner", [py, "-m", "learner_svc", *common], logs / "learner.log"),
+    ]
+    children += [Child(f"actor-{i}", [py, "-m", "actor_svc", *common, "--index", str(i), "--actor-id", f"actor-{i}"],
+                       logs / f"actor-{i}.log") for i in range(args.actors)]
+    return children
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lbc.launch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
+    parser.add_argument("--game", default="pong", help="ALE game name (e.g. pong, breakout)")
+    parser.add_argument("--actors", type=int, default=1, help="actor processes")
+    parser.add_argument("--name", default=None, help="run name: state goes to runs/<name> (default preset-game)")
+    parser.add_argument("--resume", action="store_true", help="continue the learner from runs/<name>'s checkpoint")
+    parser.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: until Ctrl-C)")
+    parser.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="configuration override passed to every service (repeatable)")
+    args = parser.parse_args(argv)
+
+    name = args.name or f"{args.preset}-{args.game}"
+    run_dir = Path("runs") / name
+    try:
+        cfg = load_config(args.preset, [f"env.game={args.game}", f"run_dir={run_dir}", *args.overrides])
+    except Exception as exc:
+        print(f"invalid configuration:\n{exc}", file=sys.stderr)
+        return 2
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    children = build_children(args, run_dir)
+
+    stopping = False
+
+    def _stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+
+    print(f"lbc: run '{name}' ({args.preset}, {args.game}, {args.actors} actor(s)); logs in {run_dir}/logs, "
+          f"metrics log {run_dir}/metrics.jsonl", flush=True)
+    for child in children:
+        child.start(resume=args.resume)
+        print(f"lbc: started {child.name} (pid {child.proc.pid})", flush=True)
+
+    progress = Progress(cfg, args.actors)
+    started = time.monotonic()
+    next_report = started + args.progress_every
+    exit_code = 0
+    with (run_dir / "metrics.jsonl").open("a") as metrics_log:
+        while not stopping:
+            time.sleep(0.2)
+            for child in children:
+                code = child.proc.poll()
+                if code is None:
+                    continue
+                now = time.monotonic()
+                child.restarts = [t for t in child.restarts if now - t < RESTART_WINDOW_S] + [now]
+                if len(child.restarts) > MAX_RESTARTS:
+                    print(f"lbc: {child.name} keeps dying (exit {code}); see {child.log_path}. Stopping.",
+                          file=sys.stderr, flush=True)
+                    stopping, exit_code = True, 1
+                    break
+                print(f"lbc: {child.name} exited with {code}; restarting (see {child.log_path})", flush=True)
+                child.start(resume=True)
+            if time.monotonic() >= next_report:
+                next_report += args.progress_every
+                record = progress.record()
+                metrics_log.write(json.dumps(record) + "\n")
+                metrics_log.flush()
+                print(f"[{time.monotonic() - started:6.0f}s] {Progress.line(record)}", flush=True)
+            if args.duration and time.monotonic() - started >= args.duration:
+                break
+
+    print("lbc: stopping services", flush=True)
+    shutdown(children)
+    print("lbc: stopped", flush=True)
+    return exit_code
+
+
+def shutdown(children: list[Child], grace_s: float = 20.0) -> None:
+    """SIGTERM every child (actors first, so the learner's final checkpoint is the last word), then
+    SIGKILL whatever is left after the grace period."""
+    for child in reversed(children):
+        if child.proc and child.proc.poll() is None:
+            child.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        if child.proc is None:
+            continue
+        try:
+            child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(child.proc.pid, signal.SIGKILL)
+            child.proc.wait()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""Population-based bandits, LBC App. E: votes, UCB scores, replacement, discretisation."""
+
+import math
+
+import numpy as np
+import pytest
+
+from lbc.bandit import BanditPopulation, BehaviourController, Discretisation, top_d, ucb_scores, vote
+
+
+def test_vote_on_lbc_example_2_picks_arm_1():
+    """Example 2: 7 bandits, D = 2, proposals 1,2,1,3,2,4,5; 1,1,2,2,1,1,4 -> arm 1."""
+    proposals = np.array([1, 2, 1, 3, 2, 4, 5, 1, 1, 2, 2, 1, 1, 4])
+    rng = np.random.default_rng(0)
+    assert all(vote(proposals, 11, rng) == 1 for _ in range(20))
+
+
+def test_vote_breaks_ties_uniformly():
+    rng = np.random.default_rng(0)
+    picks = [vote(np.array([0, 0, 3, 3, 5]), 6, rng) for _ in range(4000)]
+    counts = np.bincount(picks, minlength=6)
+    assert counts[5] == 0 and abs(counts[0] - counts[3]) < 250
+
+
+def test_ucb_eq_24_by_hand():
+    sums = np.array([10.0, 3.0, 0.0])
+    counts = np.array([2.0, 1.0, 0.0])
+    c = 1.2
+    # V = (5, 3, 0); bonus = c sqrt(log(1 + 3) / (1 + N))
+    want = np.array([5 + c * math.sqrt(math.log(4) / 3), 3 + c * math.sqrt(math.log(4) / 2),
+                     0 + c * math.sqrt(math.log(4) / 1)])
+    np.testing.assert_allclose(ucb_scores(sums, counts, c, normalise=False), want)
+
+
+def test_ucb_eq_25_normalises_values():
+    sums = np.array([10.0, 3.0, 0.0, 8.0])
+    counts = np.array([2.0, 1.0, 0.0, 4.0])
+    v = np.array([5.0, 3.0, 2.0])          # visited arms' means
+    z = (v - v.mean()) / v.std()
+    bonus = 0.7 * np.sqrt(math.log(1 + 7) / (1 + counts))
+    want = np.array([z[0], z[1], 0.0, z[2]]) + bonus
+    np.testing.assert_allclose(ucb_scores(sums, counts, 0.7, normalise=True), want)
+
+
+def test_top_d_takes_highest_scores():
+    rng = np.random.default_rng(0)
+    assert set(top_d(np.array([0.1, 5.0, 3.0, -1.0, 4.0]), 3, rng)) == {1, 2, 4}
+    assert len(top_d(np.array([1.0, 2.0]), 4, rng)) == 2
+
+
+def test_population_learns_the_best_arm():
+    rng = np.random.default_rng(0)
+    pop = BanditPopulation(5, 7, (0.5, 1.5), 2, replace_every=10_000, normalise=True, rng=rng)
+    means = np.array([0.0, 0.2, 1.0, 0.1, 0.3])
+    for _ in range(600):
+        arm = pop.select(rng)
+        pop.update(arm, means[arm] + rng.normal(scale=0.3), rng)
+    assert pop.selections.argmax() == 2
+    assert pop.selections[2] > 0.5 * pop.selections.sum()
+
+
+def test_replacement_every_t_replace_episodes():
+    rng = np.random.default_rng(0)
+    pop = BanditPopulation(4, 7, (0.5, 1.5), 2, replace_every=50, normalise=True, rng=rng)
+    for episode in range(1, 151):
+        before = pop.counts.sum(axis=1).copy()
+        pop.update(int(rng.integers(4)), 1.0, rng)
+        after = pop.counts.sum(axis=1)
+        reset = np.flatnonzero(after < before + 1)
+        if episode % 50 == 0:
+            assert len(reset) == 1 and after[reset[0]] == 0
+        else:
+            assert len(reset) == 0
+    assert pop.replacements == 3
+    assert ((pop.c >= 0.5) & (pop.c <= 1.5)).all()
+
+
+def test_discretisation_of_lbc_table_3():
+    tau = Discretisation(0.0, math.exp(4), 0.2)
+    assert tau.num_arms == math.ceil(math.exp(4) / 0.2)
+    assert tau.region(tau.num_arms - 1)[1] == pytest.approx(math.exp(4))
+    omega = Discretisation(0.0, 1.0, 0.1)
+    assert omega.num_arms == 10
+    rng = np.random.default_rng(0)
+    lo, hi = omega.region(3)
+    assert (lo, hi) == pytest.approx((0.3, 0.4))
+    assert all(lo <= omega.sample(3, rng) <= hi for _ in range(100))
+
+
+def test_controller_psi_and_snapshot_round_trip():
+    kwargs = dict(num_policies=3, tau=Discretisation(0, 10, 1), omega=Discretisation(0, 1, 0.1), population=7,
+                  c_range=(0.5, 1.5), top_d=4, replace_every=50, normalise=True)
+    ctl = BehaviourController(seed=1, **kwargs)
+    for _ in range(30):
+        choice = ctl.select()
+        assert len(choice.tau) == 3 and abs(sum(choice.omega) - 1) < 1e-9
+        for arm, t in zip(choice.arms[:3], choice.tau, strict=True):
+            assert arm <= t <= arm + 1
+        ctl.update(choice.arms, float(sum(choice.tau)))
+    clone = BehaviourController(seed=99, **kwargs)
+    clone.load_dict(ctl.to_dict())
+    assert [clone.select() for _ in range(5)] == [ctl.select() for _ in range(5)]

@@ -1,0 +1,87 @@
+"""The behaviour mixture (LBC eq. 10 / App. D) and reward shaping (LBC Table 3) by hand."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lbc.behaviour import boltzmann_mixture, epsilon_greedy_mixture, sample_actions
+from lbc.rewards import REWARD_SHAPING, rs1, rs2, rs3
+
+
+@pytest.fixture
+def adv():
+    return torch.randn(5, 3, 6, generator=torch.Generator().manual_seed(0))   # [B, N, A]
+
+
+def test_mixture_sums_to_one(adv):
+    tau = torch.rand(5, 3) * 10
+    omega = torch.softmax(torch.randn(5, 3), -1)
+    probs = boltzmann_mixture(adv, tau, omega)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(5))
+    assert (probs > 0).all()
+
+
+def test_one_hot_omega_gives_that_policys_softmax(adv):
+    tau = torch.tensor([[0.5, 2.0, 3.0]]).expand(5, 3)
+    omega = torch.tensor([[0.0, 1.0, 0.0]]).expand(5, 3)
+    torch.testing.assert_close(boltzmann_mixture(adv, tau, omega), torch.softmax(2.0 * adv[:, 1], -1))
+
+
+def test_tau_zero_gives_uniform(adv):
+    omega = torch.full((5, 3), 1 / 3)
+    torch.testing.assert_close(boltzmann_mixture(adv, torch.zeros(5, 3), omega), torch.full((5, 6), 1 / 6))
+
+
+def test_large_tau_gives_greedy(adv):
+    probs = boltzmann_mixture(adv, torch.full((5, 3), 1e4), torch.tensor([[1.0, 0.0, 0.0]]).expand(5, 3))
+    torch.testing.assert_close(probs, torch.nn.functional.one_hot(adv[:, 0].argmax(-1), 6).float())
+
+
+def test_mixture_by_hand():
+    adv = torch.tensor([[[0.0, math.log(3.0)], [0.0, 0.0]]])  # policy 1: softmax = (1/4, 3/4); policy 2 uniform
+    probs = boltzmann_mixture(adv, torch.tensor([[1.0, 1.0]]), torch.tensor([[0.5, 0.5]]))
+    torch.testing.assert_close(probs, torch.tensor([[0.5 * 0.25 + 0.25, 0.5 * 0.75 + 0.25]]))
+
+
+def test_epsilon_greedy_mixture_by_hand():
+    adv = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 0.0, 2.0]]])
+    probs = epsilon_greedy_mixture(adv, torch.tensor([[0.3, 0.0]]), torch.tensor([[0.5, 0.5]]))
+    # policy 1: (0.8, 0.1, 0.1); policy 2: (0, 0, 1)
+    torch.testing.assert_close(probs, torch.tensor([[0.4, 0.05, 0.55]]))
+
+
+def test_sampling_frequencies_and_recorded_probability():
+    probs = torch.tensor([[0.1, 0.6, 0.3]]).expand(20000, 3)
+    actions, mu = sample_actions(probs, torch.Generator().manual_seed(0))
+    freq = np.bincount(actions.numpy(), minlength=3) / 20000
+    np.testing.assert_allclose(freq, [0.1, 0.6, 0.3], atol=0.015)
+    torch.testing.assert_close(mu, probs[0][actions])
+
+
+def test_rs1_by_hand():
+    x = torch.tensor([0.0, 3.0, -8.0, 1000.0], dtype=torch.float64)
+    # sign(x)(sqrt(|x|+1)-1) + 0.001x
+    want = [0.0, (2.0 - 1.0) + 0.003, -(3.0 - 1.0) - 0.008, (math.sqrt(1001) - 1) + 1.0]
+    torch.testing.assert_close(rs1(x), torch.tensor(want, dtype=torch.float64))
+
+
+def test_rs2_is_the_printed_asymmetric_log():
+    x = torch.tensor([0.0, 1.0, -1.0, math.e - 1], dtype=torch.float64)
+    # log(|x|+1) * (2*1[x>=0] - 1[x<=0]): positive doubled, negative kept
+    want = [0.0, 2 * math.log(2), -math.log(2), 2.0]
+    torch.testing.assert_close(rs2(x), torch.tensor(want, dtype=torch.float64))
+
+
+def test_rs3_by_hand():
+    x = torch.tensor([0.0, 1.0, -1.0, 50.0, -50.0], dtype=torch.float64)
+    t = math.tanh(1.0)
+    want = [0.0, 5 * t, -0.3 * t, 5.0, -0.3]
+    torch.testing.assert_close(rs3(x), torch.tensor(want, dtype=torch.float64))
+
+
+def test_every_configured_shaping_exists():
+    for name in ("rs1", "rs2", "rs3", "identity", "clip"):
+        assert REWARD_SHAPING[name](torch.tensor([2.0])).shape == (1,)
+    assert REWARD_SHAPING["clip"](torch.tensor([5.0, -3.0])).tolist() == [1.0, -1.0]

@@ -1,0 +1,98 @@
+"""The ZeroMQ codec: round trips, and clear rejections of bad messages."""
+
+import numpy as np
+import pytest
+
+from lbc import codec
+from lbc.config import load_config
+from lbc.sequences import sequence_layout, validate_sequence
+from lbcproto import lbc_pb2
+
+
+def _arrays():
+    return {"obs": np.arange(24, dtype=np.uint8).reshape(2, 3, 4), "r": np.array([1.5, -2.0], np.float32),
+            "done": np.array([True, False]), "a": np.array([3, 1], np.int32)}
+
+
+def test_round_trip_keeps_arrays_and_header():
+    frames = codec.encode("sequence", _arrays(), sender="actor-0", param_version=42, meta={"k": "v"})
+    msg = codec.decode(frames, max_bytes=10_000, expected_kind="sequence")
+    assert (msg.kind, msg.sender, msg.param_version, msg.meta) == ("sequence", "actor-0", 42, {"k": "v"})
+    for name, arr in _arrays().items():
+        np.testing.assert_array_equal(msg.arrays[name], arr)
+        assert msg.arrays[name].dtype == arr.dtype
+
+
+def test_decode_is_zero_copy():
+    frames = codec.encode("sequence", _arrays())
+    msg = codec.decode(frames, max_bytes=10_000)
+    assert not msg.arrays["obs"].flags.owndata
+
+
+@pytest.mark.parametrize("mutate,reason", [
+    (lambda f: [b"\xff\xfe garbage", *f[1:]], "header does not parse"),
+    (lambda f: f[:-1], "frames follow"),
+    (lambda f: [*f[:-1], b"\x00" * 3], "bytes for shape"),
+    (lambda f: [], "empty message"),
+])
+def test_malformed_messages_are_rejected_with_a_reason(mutate, reason):
+    frames = codec.encode("sequence", _arrays())
+    with pytest.raises(codec.CodecError, match=reason):
+        codec.decode(mutate(list(frames)), max_bytes=10_000)
+
+
+def test_oversized_message_is_rejected():
+    frames = codec.encode("sequence", {"x": np.zeros(5000, np.uint8)})
+    with pytest.raises(codec.CodecError, match="exceeds the limit"):
+        codec.decode(frames, max_bytes=1000)
+
+
+def test_wrong_schema_version_is_rejected():
+    frames = codec.encode("sequence", _arrays())
+    header = lbc_pb2.FrameHeader()
+    header.ParseFromString(frames[0])
+    header.schema_version = codec.SCHEMA_VERSION + 1
+    with pytest.raises(codec.CodecError, match="schema version"):
+        codec.decode([header.SerializeToString(), *frames[1:]], max_bytes=10_000)
+
+
+def test_disallowed_dtype_and_wrong_kind():
+    with pytest.raises(codec.CodecError, match="dtype"):
+        codec.encode("sequence", {"x": np.zeros(2, np.complex64)})
+    frames = codec.encode("batch", _arrays())
+    with pytest.raises(codec.CodecError, match="expected 'sequence'"):
+        codec.decode(frames, max_bytes=10_000, expected_kind="sequence")
+
+
+def test_object_arrays_cannot_be_smuggled():
+    header = lbc_pb2.FrameHeader(schema_version=codec.SCHEMA_VERSION, kind="sequence")
+    header.arrays.add(name="x", dtype="object", shape=[1])
+    with pytest.raises(codec.CodecError, match="not allowed"):
+        codec.decode([header.SerializeToString(), b"\x00" * 8], max_bytes=10_000)
+
+
+def _valid_sequence(cfg):
+    seq = {name: np.ones(shape, dtype=np.dtype(dtype)) for name, (dtype, shape) in sequence_layout(cfg).items()}
+    seq["behaviour_prob"][:] = 0.5
+    return seq
+
+
+def test_sequence_validation():
+    cfg = load_config("catch")
+    seq = _valid_sequence(cfg)
+    validate_sequence(seq, cfg)
+    bad = dict(seq, action=np.full_like(seq["action"], 7))
+    with pytest.raises(codec.CodecError, match="action outside"):
+        validate_sequence(bad, cfg)
+    bad = dict(seq, behaviour_prob=np.zeros_like(seq["behaviour_prob"]))
+    with pytest.raises(codec.CodecError, match="behaviour_prob"):
+        validate_sequence(bad, cfg)
+    bad = dict(seq, obs=seq["obs"][:-1])
+    with pytest.raises(codec.CodecError, match="shape"):
+        validate_sequence(bad, cfg)
+    bad = dict(seq, reward=np.full_like(seq["reward"], np.nan))
+    with pytest.raises(codec.CodecError, match="non-finite"):
+        validate_sequence(bad, cfg)
+    extra = dict(seq, evil=np.zeros(1, np.uint8))
+    with pytest.raises(codec.CodecError, match="unexpected"):
+        validate_sequence(extra, cfg)

@@ -1,0 +1,42 @@
+import pytest
+
+from lbc.config import PRESETS, load_config
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_validates(name):
+    cfg = load_config(name)
+    assert cfg.preset == name
+
+
+def test_lbc_bm_has_paper_values():
+    cfg = load_config("lbc-bm")
+    assert [(p.gamma, p.reward_shaping) for p in cfg.policies] == [(0.997, "rs1"), (0.999, "rs2"), (0.99, "rs3")]
+    assert (cfg.sequence.burn_in, cfg.sequence.length, cfg.learner.batch_size) == (40, 80, 64)
+    assert (cfg.learner.v_loss_scale, cfg.learner.q_loss_scale, cfg.learner.pi_loss_scale) == (1.0, 5.0, 5.0)
+    assert (cfg.learner.rho_bar, cfg.learner.c_bar, cfg.learner.clip_norm) == (1.05, 1.05, 50.0)
+    assert cfg.learner.adam_betas == (0.9, 0.98) and cfg.learner.adam_eps == 1e-6
+    assert (cfg.learner.push_every, cfg.actor.pull_every, cfg.replay.replay_ratio) == (25, 64, 2.0)
+    assert (cfg.bandit.population, cfg.bandit.top_d, cfg.bandit.replace_every) == (7, 4, 50)
+    assert cfg.behaviour.tau_accuracy == 0.2 and cfg.behaviour.omega_accuracy == 0.1
+
+
+def test_precedence_override_over_environment_over_preset(monkeypatch):
+    monkeypatch.setenv("LBC_LEARNER__BATCH_SIZE", "8")
+    monkeypatch.setenv("LBC_ENV__GAME", "breakout")
+    cfg = load_config("cpu", ["learner.batch_size=4", "replay.min_sequences=4"])
+    assert cfg.learner.batch_size == 4 and cfg.env.game == "breakout"
+    assert cfg.sequence.length == PRESETS["cpu"]["sequence"]["length"]
+
+
+def test_bad_input_is_named():
+    with pytest.raises(Exception, match="learner.batchsize"):
+        load_config("cpu", ["learner.batchsize=3"])
+    with pytest.raises(Exception, match="unknown preset"):
+        load_config("nope")
+    with pytest.raises(Exception, match="batch_size"):
+        load_config("cpu", ["learner.batch_size=-1"])
+    with pytest.raises(ValueError, match="key.path=value"):
+        load_config("cpu", ["learner.batch_size"])
+    with pytest.raises(Exception, match="rho_bar >= c_bar"):
+        load_config("cpu", ["learner.rho_bar=0.5"])

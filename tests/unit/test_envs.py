@@ -1,0 +1,66 @@
+"""The ALE protocol of DESIGN §5 on a real game, and the built-in Catch."""
+
+import numpy as np
+import pytest
+
+from lbc.config import load_config
+from lbc.envs import AtariEnvs, CatchEnvs
+
+
+@pytest.fixture(scope="module")
+def pong_cfg():
+    return load_config("cpu").env
+
+
+def test_atari_protocol_shapes_and_raw_rewards(pong_cfg):
+    envs = AtariEnvs(pong_cfg, 2, seed=0)
+    obs = envs.reset()
+    assert obs.shape == (2, 4, 84, 84) and obs.dtype == np.uint8
+    assert envs.spec.num_actions == 18          # full action set
+    rewards = []
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        res = envs.step(rng.integers(0, 18, 2))
+        rewards.append(res.reward)
+    rewards = np.concatenate(rewards)
+    assert set(np.unique(rewards)) <= {-1.0, 0.0, 1.0} and (rewards != 0).any()
+    envs.close()
+
+
+def test_atari_is_reproducible_from_its_seed(pong_cfg):
+    def run(seed):
+        envs = AtariEnvs(pong_cfg, 2, seed=seed)
+        envs.reset()
+        for _ in range(60):
+            obs = envs.step(np.full(2, 3)).obs
+        envs.close()
+        return obs
+
+    np.testing.assert_array_equal(run(5), run(5))
+
+
+def test_atari_rejects_actions_outside_the_set(pong_cfg):
+    envs = AtariEnvs(pong_cfg, 2, seed=0)
+    envs.reset()
+    with pytest.raises(ValueError, match="out of range"):
+        envs.step(np.array([0, 18]))
+    envs.close()
+
+
+def test_catch_rules_and_optimal_policy():
+    cfg = load_config("catch").env
+    envs = CatchEnvs(cfg, 64, seed=0)
+    obs = envs.reset()
+    total, episodes = 0.0, 0
+    for _ in range(cfg.catch_rows - 1):
+        ball = obs[:, 0, :-1].max(axis=1).argmax(axis=1)
+        paddle = obs[:, 0, -1].argmax(axis=1)
+        res = envs.step((np.sign(ball - paddle) + 1).astype(np.int64))
+        total += res.reward.sum()
+        episodes += res.done.sum()
+        obs = res.obs
+    assert episodes == 64 and total == 64.0    # every ball caught
+    res = CatchEnvs(cfg, 64, seed=0)
+    res.reset()
+    rewards = np.concatenate([res.step(np.ones(64, np.int64)).reward for _ in range(cfg.catch_rows - 1)])
+    assert rewards.sum() < 0                     # standing still misses most balls

@@ -1,0 +1,27 @@
+import numpy as np
+
+from actor_svc.sequencer import SequenceBuilder
+
+
+def test_sequences_overlap_by_burn_in_and_carry_the_state():
+    burn, length, envs, lstm = 2, 3, 2, 4
+    builder = SequenceBuilder(envs, burn, length, (1,), lstm, 2)
+    out = []
+    for t in range(12):
+        obs = np.full((envs, 1), t, np.uint8)
+        h = np.full((envs, lstm), float(t), np.float32)
+        out += builder.observe(obs, np.full(envs, t), np.zeros(envs), np.zeros(envs, bool), h, -h, version=t // 4)
+        builder.act(np.full(envs, t), np.full(envs, 0.5), np.zeros(envs, bool), np.full(envs, 0.25),
+                    np.zeros((envs, 2)))
+    # sequences of L = 5 steps, 6 observations, starting every `length` = 3 steps
+    starts = [int(seq["obs"][0, 0]) for seq, _ in out[::envs]]
+    assert starts == [0, 3, 6]
+    seq, version = out[2]   # second sequence, env 0
+    np.testing.assert_array_equal(seq["obs"][:, 0], np.arange(3, 9))
+    np.testing.assert_array_equal(seq["action"], np.arange(3, 8))
+    np.testing.assert_array_equal(seq["h0"], np.full(lstm, 3.0))
+    np.testing.assert_array_equal(seq["c0"], np.full(lstm, -3.0))
+    assert version == 0   # the oldest parameter version in the sequence (obs 3..8 span versions 0..2)
+    # the burn-in steps of a sequence are the last learning steps of the previous one
+    first = out[0][0]
+    np.testing.assert_array_equal(seq["obs"][: burn + 1], first["obs"][-(burn + 1):])
