@@ -97,12 +97,14 @@ class Progress:
         return {
             "time": time.time(), "frames": frames, "fps": fps, "episodes": episodes,
             "mean_return_100": mean_return,
+            "return_window": sum(n for _, n in weighted),
             "hns": (human_normalised(self.cfg.env.game, mean_return)
                     if mean_return is not None and self.cfg.env.kind == "atari" else None),
             "learner_steps": steps, "learner_sps": sps,
             "version": value(learner, "lbc_learner_param_version"),
             "lag": value(learner, "lbc_learner_policy_lag", stat="mean"),
             "replay_fill": size / cap if size is not None and cap else None,
+            "bandit_episodes": value(bandit, "lbc_bandit_episodes_total"),
             "bandit_top": self._top_arms(bandit),
         }
 
@@ -155,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default=None, help="run name: state goes to runs/<name> (default preset-game)")
     parser.add_argument("--resume", action="store_true", help="continue the learner from runs/<name>'s checkpoint")
     parser.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: until Ctrl-C)")
+    parser.add_argument("--until-return", type=float, default=None,
+                        help="stop once the mean return of the last 100 episodes reaches this")
     parser.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="configuration override passed to every service (repeatable)")
@@ -212,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
                 metrics_log.write(json.dumps(record) + "\n")
                 metrics_log.flush()
                 print(f"[{time.monotonic() - started:6.0f}s] {Progress.line(record)}", flush=True)
+                if (args.until_return is not None and record["return_window"] >= 100
+                        and record["mean_return_100"] >= args.until_return):
+                    print(f"lbc: mean return reached {args.until_return}", flush=True)
+                    break
             if args.duration and time.monotonic() - started >= args.duration:
                 break
 

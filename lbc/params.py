@@ -19,20 +19,28 @@ def to_blob(model: torch.nn.Module) -> bytes:
     return st_save({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()})
 
 
-def load_blob(model: torch.nn.Module, blob: bytes) -> None:
-    """Load a blob into model; raises ValueError if its tensors don't match the model's."""
+def shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def check_blob(blob: bytes, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """Parse a blob and check its tensors' names and shapes; raises ValueError saying what differs."""
     try:
         state = st_load(blob)
     except Exception as exc:
         raise ValueError(f"parameter blob does not parse as safetensors: {exc}") from None
-    expected = model.state_dict()
     if set(state) != set(expected):
         raise ValueError(f"parameter names differ: missing {sorted(set(expected) - set(state))[:5]}, "
                          f"unexpected {sorted(set(state) - set(expected))[:5]}")
     for name, tensor in state.items():
-        if tensor.shape != expected[name].shape:
-            raise ValueError(f"parameter {name}: shape {tuple(tensor.shape)}, model has {tuple(expected[name].shape)}")
-    model.load_state_dict(state)
+        if tuple(tensor.shape) != expected[name]:
+            raise ValueError(f"parameter {name}: shape {tuple(tensor.shape)}, model has {expected[name]}")
+    return state
+
+
+def load_blob(model: torch.nn.Module, blob: bytes) -> None:
+    """Load a blob into model; raises ValueError if its tensors don't match the model's."""
+    model.load_state_dict(check_blob(blob, shapes(model)))
 
 
 def chunks(version: int, blob: bytes) -> Iterator[lbc_pb2.ParamChunk]:

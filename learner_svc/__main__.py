@@ -9,7 +9,7 @@ import torch
 from prometheus_client import Counter, Gauge
 
 from lbc.config import Config
-from lbc.params import to_blob
+from lbc.params import shapes, to_blob
 from lbc.service import (
     base_parser,
     config_from_args,
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     store.set(counters.version, to_blob(trainer.model))
     VERSION.set(counters.version)
     server, health = grpc_server(listen_address(cfg.endpoints.params))
-    lbc_pb2_grpc.add_ParameterServiceServicer_to_server(ParameterServicer(store), server)
+    lbc_pb2_grpc.add_ParameterServiceServicer_to_server(ParameterServicer(store, shapes(trainer.model)), server)
     server.start()
     set_serving(health, ["lbc.v1.ParameterService"])
     start_metrics(cfg.endpoints.learner_metrics)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import grpc
 from prometheus_client import Counter, Gauge
 
-from lbc.params import assemble, chunks
+from lbc.params import assemble, check_blob, chunks
 from lbcproto import lbc_pb2, lbc_pb2_grpc
 
 log = logging.getLogger("learner")
@@ -41,8 +41,9 @@ class ParameterStore:
 
 
 class ParameterServicer(lbc_pb2_grpc.ParameterServiceServicer):
-    def __init__(self, store: ParameterStore) -> None:
+    def __init__(self, store: ParameterStore, expected_shapes: dict[str, tuple[int, ...]]) -> None:
         self.store = store
+        self.expected_shapes = expected_shapes
 
     def Pull(self, request: lbc_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[lbc_pb2.ParamChunk]:
         version, blob = self.store.get()
@@ -65,6 +66,11 @@ class ParameterServicer(lbc_pb2_grpc.ParameterServiceServicer):
             PUSHES.labels("invalid").inc()
             return lbc_pb2.PushReply(accepted=False, version=self.store.get()[0], reason="empty push")
         version, blob = got
+        try:
+            check_blob(blob, self.expected_shapes)
+        except ValueError as exc:
+            PUSHES.labels("invalid").inc()
+            return lbc_pb2.PushReply(accepted=False, version=self.store.get()[0], reason=str(exc))
         if not self.store.set(version, blob):
             PUSHES.labels("stale").inc()
             return lbc_pb2.PushReply(accepted=False, version=self.store.get()[0],

@@ -1,0 +1,50 @@
+"""The whole system as `make run` starts it: four services as separate processes via the launcher."""
+
+import json
+import subprocess
+import sys
+
+from tests.support import REPO, endpoint_overrides
+
+
+def _launch(tmp_path, name, preset, game, duration, *extra, timeout):
+    run_dir = REPO / "runs" / name
+    overrides = [o for o in endpoint_overrides(run_dir) if not o.startswith("run_dir=")]
+    argv = [sys.executable, "-m", "lbc.launch", "--preset", preset, "--game", game, "--name", name,
+            "--duration", str(duration), "--progress-every", "3", *extra]
+    for o in overrides:
+        argv += ["--set", o]
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return proc, records, run_dir
+
+
+def test_lbc_bm_learns_catch(tmp_path):
+    """All four services learn Catch to near-optimal (the best policy scores +1 every episode)."""
+    proc, records, run_dir = _launch(tmp_path, "e2e-catch", "catch", "catch", 240, "--until-return", "0.9",
+                                     timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = records[-1]
+    assert last["return_window"] >= 100 and last["mean_return_100"] >= 0.9, proc.stdout[-3000:]
+    assert last["version"] > 0 and last["bandit_episodes"] > 100
+    assert "mean return reached 0.9" in proc.stdout
+
+
+def test_short_pong_run(tmp_path):
+    """Real Pong with the cpu preset: frames flow, versions advance, the bandit gets returns,
+    checkpoints and the metrics log are written, and every process stops cleanly."""
+    proc, records, run_dir = _launch(tmp_path, "e2e-pong", "cpu", "pong", 100,
+                                     "--set", "learner.checkpoint_every=20", "--set", "learner.push_every=5",
+                                     timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = records[-1]
+    assert last["frames"] > 20_000
+    assert last["version"] >= 2 and last["learner_steps"] >= 20
+    assert last["bandit_episodes"] and last["bandit_episodes"] >= 1
+    assert last["hns"] is not None and last["mean_return_100"] is not None
+    assert list((run_dir / "checkpoints").glob("ckpt-*.pt"))
+    assert (run_dir / "bandit" / "state.json").exists()
+    assert "frames" in proc.stdout and "lbc: stopped" in proc.stdout
+    for log in (run_dir / "logs").glob("*.log"):
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]

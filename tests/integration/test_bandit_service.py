@@ -1,0 +1,48 @@
+"""bandit_svc as a real process: selection, returns, validation, and state surviving a restart."""
+
+import math
+
+import grpc
+import pytest
+
+from lbc.peers import BanditClient
+from tests.support import Service, endpoint_overrides, overrides_dict, wait_healthy
+
+
+def test_select_report_and_restart(tmp_path):
+    overrides = endpoint_overrides(tmp_path / "run") + ["bandit.snapshot_every_s=0.5"]
+    address = overrides_dict(overrides)["endpoints.bandit"]
+    svc = Service("bandit_svc", "cpu", overrides, tmp_path).start()
+    wait_healthy(address, "lbc.v1.BanditService")
+    client = BanditClient(address, 5.0)
+
+    pending = None
+    for i in range(12):
+        b = client.select("actor-a")
+        assert len(b.tau) == 3 and len(b.omega) == 3 and len(b.arms) == 6
+        assert all(0.0 <= t <= math.exp(4) for t in b.tau)
+        assert sum(b.omega) == pytest.approx(1.0, abs=1e-5)
+        if i == 11:
+            pending = b.episode_id            # left open across the restart
+        else:
+            assert client.report("actor-a", b.episode_id, float(i)).accepted
+    assert not client.report("actor-a", "actor-a/999", 1.0).accepted
+    assert not client.report("actor-a", pending, float("nan")).accepted
+    with pytest.raises(grpc.RpcError) as err:
+        client.select("")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    stats = client.stats("actor-a")
+    assert stats.actors[0].episodes == 11
+    assert sum(stats.actors[0].dimensions[0].selections) == 12
+    client.close()
+    assert svc.stop() == 0, svc.log()
+
+    svc = Service("bandit_svc", "cpu", overrides, tmp_path).start()
+    wait_healthy(address, "lbc.v1.BanditService")
+    client = BanditClient(address, 5.0)
+    assert client.stats("actor-a").actors[0].episodes == 11
+    assert client.report("actor-a", pending, 3.0).accepted      # the open episode was remembered
+    assert client.select("actor-a").episode_id == "actor-a/12"
+    client.close()
+    assert svc.stop() == 0, svc.log()
+    assert "restored 1 actor populations" in svc.log()
