@@ -238,8 +238,10 @@ _CPU: dict[str, Any] = {
     "sequence": {"burn_in": 10, "length": 20},
     "replay": {"replay_ratio": 2.0, "capacity_sequences": 2_000, "capacity_bytes": 2_500_000_000,
                "min_sequences": 64},
+    # Two learner threads: the learner bounds throughput and the actor leaves ~half a core idle
+    # (with OMP_WAIT_POLICY=PASSIVE, set by the launcher, so idle OpenMP threads sleep, not spin).
     "learner": {"batch_size": 16, "learning_rate": 5.3e-4, "warmup_steps": 200, "anneal_steps": 200_000,
-                "checkpoint_every": 500},
+                "checkpoint_every": 500, "threads": 2},
     "actor": {"pull_every": 64},
     "env": {"num_envs": 16},
 }

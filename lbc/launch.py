@@ -40,7 +40,9 @@ class Child:
     def start(self, resume: bool = False) -> None:
         argv = self.argv + (["--resume"] if resume and self.name == "learner" else [])
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # Idle OpenMP threads sleep instead of spinning: the services share the machine's cores.
+        env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         log.close()
 
 

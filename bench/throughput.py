@@ -1,0 +1,155 @@
+"""End-to-end throughput against the machine's ceiling (`make bench`).
+
+Measures, each alone on one core: environment steps/s (the actor's vector env), inference samples/s
+(the actor's batched forward + behaviour mixture + sampling) and learner samples/s (one training
+step of the preset's batch). Combines them into the ceiling
+
+    ceiling = cores / (1/env + 1/inference + replay_ratio/learner)     [agent steps/s]
+
+then runs the whole system with the launcher and prints achieved / ceiling. Figures are printed,
+never asserted: this is a benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lbc.behaviour import behaviour_probs, sample_actions
+from lbc.config import PRESETS, Config, load_config
+from lbc.envs import make_envs
+from lbc.nets import build_net
+from lbc.sequences import sequence_layout
+from learner_svc.training import Trainer
+
+
+def env_rate(cfg: Config, seconds: float) -> float:
+    envs = make_envs(cfg.env, cfg.env.num_envs, seed=0)
+    envs.reset()
+    rng = np.random.default_rng(0)
+    n = envs.spec.num_actions
+    for _ in range(20):
+        envs.step(rng.integers(0, n, cfg.env.num_envs))
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        envs.step(rng.integers(0, n, cfg.env.num_envs))
+        steps += cfg.env.num_envs
+    rate = steps / (time.perf_counter() - start)
+    envs.close()
+    return rate
+
+
+def inference_rate(cfg: Config, seconds: float) -> float:
+    envs = make_envs(cfg.env, cfg.env.num_envs, seed=0)
+    obs = torch.from_numpy(envs.reset())[None]
+    envs.close()
+    spec = envs.spec
+    net = build_net(cfg, spec.obs_shape, spec.num_actions).eval()
+    b, n = cfg.env.num_envs, cfg.num_policies
+    state = net.initial_state(b)
+    prev_a, prev_r = torch.zeros(1, b, dtype=torch.long), torch.zeros(1, b)
+    reset = torch.zeros(1, b, dtype=torch.bool)
+    tau, omega = torch.ones(b, n), torch.full((b, n), 1.0 / n)
+    samples, start = 0, time.perf_counter()
+    with torch.no_grad():
+        while time.perf_counter() - start < seconds:
+            out = net(obs, prev_a, prev_r, reset, state)
+            sample_actions(behaviour_probs(cfg.behaviour.family, out.adv[0], tau, omega))
+            state = out.state
+            samples += b
+    return samples / (time.perf_counter() - start)
+
+
+def learner_rate(cfg: Config, seconds: float) -> float:
+    """Learning samples/s: batch x learning length per step (burn-in is extra work, not counted)."""
+    rng = np.random.default_rng(0)
+    batch: dict[str, np.ndarray] = {}
+    for name, (dtype, shape) in sequence_layout(cfg).items():
+        full = (cfg.learner.batch_size, *shape)
+        if dtype == "uint8":
+            batch[name] = rng.integers(0, 255, full, dtype=np.uint8)
+        elif dtype == "bool":
+            batch[name] = np.zeros(full, bool)
+        elif dtype == "int32":
+            batch[name] = rng.integers(0, 3, full).astype(np.int32)
+        else:
+            batch[name] = np.zeros(full, np.float32)
+    batch["behaviour_prob"][:] = 0.3
+    trainer = Trainer(cfg)
+    trainer.train_step(batch)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        trainer.train_step(batch)
+        steps += 1
+    return steps * cfg.learner.batch_size * cfg.sequence.length / (time.perf_counter() - start)
+
+
+def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: float, overrides: list[str]) -> dict:
+    name = f"bench-{preset}-{game}"
+    run_dir = Path("runs") / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    argv = [sys.executable, "-m", "lbc.launch", "--preset", preset, "--game", game, "--actors", str(actors),
+            "--name", name, "--duration", str(seconds + warmup), "--progress-every", "5"]
+    for o in overrides:
+        argv += ["--set", o]
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    t0 = records[0]["time"]
+    window = [r for r in records if r["time"] - t0 >= warmup]
+    first, last = window[0], window[-1]
+    dt = last["time"] - first["time"]
+    return {"frames_per_s": (last["frames"] - first["frames"]) / dt,
+            "learner_steps_per_s": (last["learner_steps"] - first["learner_steps"]) / dt,
+            "seconds": dt, "lag": last["lag"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
+    parser.add_argument("--game", default="pong")
+    parser.add_argument("--actors", type=int, default=1)
+    parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--stage-seconds", type=float, default=10.0, help="length of each stage measured alone")
+    parser.add_argument("--seconds", type=float, default=120.0, help="end-to-end measuring window")
+    parser.add_argument("--warmup", type=float, default=30.0, help="end-to-end seconds discarded at the start")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+
+    cfg = load_config(args.preset, [f"env.game={args.game}", *args.overrides])
+    torch.set_num_threads(1)
+    frame_skip = cfg.env.frameskip if cfg.env.kind == "atari" else 1
+    print(f"machine: {platform.processor() or platform.machine()}, {args.cores} cores, torch {torch.__version__}; "
+          f"preset {args.preset}, game {args.game}, {cfg.env.num_envs} envs/actor, batch {cfg.learner.batch_size} x "
+          f"{cfg.sequence.length} (+{cfg.sequence.burn_in} burn-in), replay ratio {cfg.replay.replay_ratio}", flush=True)
+    env = env_rate(cfg, args.stage_seconds)
+    print(f"environment alone (1 core): {env:10,.0f} agent steps/s ({env * frame_skip:,.0f} frames/s)", flush=True)
+    inf = inference_rate(cfg, args.stage_seconds)
+    print(f"inference alone   (1 core): {inf:10,.0f} samples/s", flush=True)
+    learn = learner_rate(cfg, args.stage_seconds)
+    print(f"learner alone     (1 core): {learn:10,.0f} samples/s", flush=True)
+    ratio = cfg.replay.replay_ratio
+    ceiling = args.cores / (1 / env + 1 / inf + ratio / learn)
+    print(f"ceiling = {args.cores} / (1/env + 1/inference + {ratio}/learner) = {ceiling:,.0f} agent steps/s "
+          f"= {ceiling * frame_skip:,.0f} frames/s", flush=True)
+    e2e = end_to_end(args.preset, args.game, args.actors, args.seconds, args.warmup, args.overrides)
+    achieved = e2e["frames_per_s"] / frame_skip
+    print(f"end to end ({args.actors} actor(s), {e2e['seconds']:.0f} s after {args.warmup:.0f} s warm-up): "
+          f"{e2e['frames_per_s']:,.0f} frames/s = {achieved:,.0f} agent steps/s, "
+          f"learner {e2e['learner_steps_per_s']:.2f} steps/s, lag {e2e['lag']}")
+    print(f"achieved / ceiling = {achieved / ceiling:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
