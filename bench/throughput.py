@@ -133,7 +133,8 @@ def main() -> int:
           f"preset {args.preset}, game {args.game}, {cfg.env.num_envs} envs/actor, batch {cfg.learner.batch_size} x "
           f"{cfg.sequence.length} (+{cfg.sequence.burn_in} burn-in), replay ratio {cfg.replay.replay_ratio}", flush=True)
     env = env_rate(cfg, args.stage_seconds)
-    print(f"environment alone (1 core): {env:10,.0f} agent steps/s ({env * frame_skip:,.0f} frames/s)", flush=True)
+    print(f"environment alone (1 core): {env:10,.0f} agent steps/s ({env * frame_skip:,.0f} frames/s)",
+          flush=True)
     inf = inference_rate(cfg, args.stage_seconds)
     print(f"inference alone   (1 core): {inf:10,.0f} samples/s", flush=True)
     learn = learner_rate(cfg, args.stage_seconds)
