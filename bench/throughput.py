@@ -131,7 +131,8 @@ def main() -> int:
     frame_skip = cfg.env.frameskip if cfg.env.kind == "atari" else 1
     print(f"machine: {platform.processor() or platform.machine()}, {args.cores} cores, torch {torch.__version__}; "
           f"preset {args.preset}, game {args.game}, {cfg.env.num_envs} envs/actor, batch {cfg.learner.batch_size} x "
-          f"{cfg.sequence.length} (+{cfg.sequence.burn_in} burn-in), replay ratio {cfg.replay.replay_ratio}", flush=True)
+          f"{cfg.sequence.length} (+{cfg.sequence.burn_in} burn-in), replay ratio {cfg.replay.replay_ratio}",
+          flush=True)
     env = env_rate(cfg, args.stage_seconds)
     print(f"environment alone (1 core): {env:10,.0f} agent steps/s ({env * frame_skip:,.0f} frames/s)",
           flush=True)
