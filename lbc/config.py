@@ -182,6 +182,8 @@ class Config(BaseSettings):
             raise ValueError("replay.capacity_sequences must be at least replay.min_sequences")
         if self.learner.rho_bar < self.learner.c_bar:
             raise ValueError("V-trace needs rho_bar >= c_bar (IMPALA sec. 4.1)")
+        if self.behaviour.family == "epsilon_greedy_mixture" and self.behaviour.tau_range[1] > 1.0:
+            raise ValueError("behaviour.tau_range holds epsilon for epsilon_greedy_mixture and must lie in [0, 1]")
         for name in ("tau_range", "omega_range"):
             lo, hi = getattr(self.behaviour, name)
             if not 0.0 <= lo < hi:

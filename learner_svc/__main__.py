@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             counters = checkpoint.load(found, trainer.model, trainer.optimiser)
             trainer.step = counters.step
-            log.info("resumed from %s at step %d, version %d", found, counters.step, counters.version)
+            counters.version = max(counters.version, checkpoint.published_version(ckpt_dir)) + 1
+            log.info("resumed from %s at step %d; publishing as version %d", found, counters.step, counters.version)
 
     store = ParameterStore()
     store.set(counters.version, to_blob(trainer.model))
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             counters.version += 1
             store.set(counters.version, to_blob(trainer.model))
             VERSION.set(counters.version)
+            checkpoint.record_version(ckpt_dir, counters.version)
         if trainer.step % cfg.learner.checkpoint_every == 0:
             path = checkpoint.save(ckpt_dir, trainer.model, trainer.optimiser, counters)
             CHECKPOINTS.inc()

@@ -44,3 +44,20 @@ def load(path: Path, trainer_model: torch.nn.Module, optimiser: torch.optim.Opti
     optimiser.load_state_dict(state["optimiser"])
     torch.set_rng_state(state["torch_rng"])
     return Counters(step=int(state["step"]), version=int(state["version"]), samples=int(state["samples"]))
+
+
+def record_version(directory: Path, version: int) -> None:
+    """Remember the last published version, so a learner that died between checkpoints resumes
+    above it and versions never repeat."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / "published_version.tmp"
+    tmp.write_text(str(version))
+    os.replace(tmp, directory / "published_version")
+
+
+def published_version(directory: Path) -> int:
+    path = directory / "published_version"
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return -1

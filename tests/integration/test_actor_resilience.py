@@ -37,6 +37,8 @@ def test_actor_survives_peer_restarts(tmp_path):
         learner.kill()
         learner.start("--resume")
         wait_for(lambda: metric(actor_port, "lbc_actor_param_version") > version, 90, "newer parameters")
+        # versions never repeat: the resumed learner publishes above everything published before
+        assert metric(learner_port, "lbc_learner_param_version") > version
         assert actor.alive()
         assert "resumed from" in learner.log()
     finally:
