@@ -78,10 +78,6 @@ class BanditState:
                     for name, pop in zip(ctl.names, ctl.populations, strict=True)]}
             return out
 
-    def region(self, dim_index: int, arm: int) -> tuple[float, float]:
-        dim = self.tau_dim if dim_index < self.cfg.num_policies else self.omega_dim
-        return dim.region(arm)
-
     # ------------------------------------------------------------ snapshots
     def to_dict(self) -> dict[str, Any]:
         with self.lock:

@@ -12,23 +12,29 @@ import torch
 from torch import nn
 
 
-class SmallTorso(nn.Module):
-    """IMPALA shallow net: conv 16@8x8/4, conv 32@4x4/2, fc 256 (about 1.2M params with the LSTM)."""
+class _ConvTorso(nn.Module):
+    """Convolutions, then fc `hidden` + ReLU; runs channels-last, oneDNN's faster layout on CPU
+    (~20% on the small torso's training step)."""
 
-    def __init__(self, in_channels: int, image_size: int, hidden: int) -> None:
+    def __init__(self, convs: nn.Sequential, in_channels: int, image_size: int, hidden: int) -> None:
         super().__init__()
-        self.convs = nn.Sequential(
-            nn.Conv2d(in_channels, 16, 8, stride=4), nn.ReLU(),
-            nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(), nn.Flatten(),
-        )
+        self.convs = convs
         with torch.no_grad():
             n = self.convs(torch.zeros(1, in_channels, image_size, image_size)).shape[-1]
         self.fc = nn.Sequential(nn.Linear(n, hidden), nn.ReLU())
         self.convs.to(memory_format=torch.channels_last)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # channels-last: oneDNN's faster convolution layout on CPU (~20% on this torso's step)
         return self.fc(self.convs(x.contiguous(memory_format=torch.channels_last)))
+
+
+class SmallTorso(_ConvTorso):
+    """IMPALA shallow net: conv 16@8x8/4, conv 32@4x4/2, fc 256 (about 1.2M params with the LSTM)."""
+
+    def __init__(self, in_channels: int, image_size: int, hidden: int) -> None:
+        convs = nn.Sequential(nn.Conv2d(in_channels, 16, 8, stride=4), nn.ReLU(),
+                              nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(), nn.Flatten())
+        super().__init__(convs, in_channels, image_size, hidden)
 
 
 class _ResBlock(nn.Module):
@@ -41,27 +47,18 @@ class _ResBlock(nn.Module):
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
 
 
-class DeepTorso(nn.Module):
+class DeepTorso(_ConvTorso):
     """IMPALA deep ResNet: per (channels, blocks) in (16,2),(32,2),(32,2): conv 3x3, max-pool 3x3/2,
     two residual blocks; then ReLU, fc 256. 15 conv layers."""
 
     def __init__(self, in_channels: int, image_size: int, hidden: int) -> None:
-        super().__init__()
         layers: list[nn.Module] = []
         c_in = in_channels
         for c_out in (16, 32, 32):
             layers += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
                        _ResBlock(c_out), _ResBlock(c_out)]
             c_in = c_out
-        layers += [nn.ReLU(), nn.Flatten()]
-        self.convs = nn.Sequential(*layers)
-        with torch.no_grad():
-            n = self.convs(torch.zeros(1, in_channels, image_size, image_size)).shape[-1]
-        self.fc = nn.Sequential(nn.Linear(n, hidden), nn.ReLU())
-        self.convs.to(memory_format=torch.channels_last)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.convs(x.contiguous(memory_format=torch.channels_last)))
+        super().__init__(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), in_channels, image_size, hidden)
 
 
 class MlpTorso(nn.Module):

@@ -77,10 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     samples_per_batch = cfg.learner.batch_size * cfg.sequence.length
     last_log = time.monotonic()
     while not stop.is_set():
-        got = fetcher.get()
-        if got is None:
+        batch = fetcher.get()
+        if batch is None:
             continue
-        batch, _ = got
         versions = batch.pop("param_version")
         stats = trainer.train_step(batch)
         counters.step = trainer.step

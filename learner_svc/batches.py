@@ -33,14 +33,14 @@ class BatchFetcher:
         self.timeout_ms = int(request_timeout_s * 1000)
         self.layout = {**sequence_layout(cfg), "param_version": ("int64", ())}
         self.batch_size = cfg.learner.batch_size
-        self.queue: queue.Queue[tuple[dict[str, np.ndarray], int]] = queue.Queue(maxsize=cfg.learner.prefetch)
+        self.queue: queue.Queue[dict[str, np.ndarray]] = queue.Queue(maxsize=cfg.learner.prefetch)
         self.thread = threading.Thread(target=self._run, name="batch-fetcher", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
-    def get(self, timeout: float = 0.5) -> tuple[dict[str, np.ndarray], int] | None:
-        """(batch, newest sequence version) or None when nothing arrived within timeout."""
+    def get(self, timeout: float = 0.5) -> dict[str, np.ndarray] | None:
+        """A batch ([B, ...] arrays, with the per-sequence "param_version"), or None after timeout."""
         try:
             return self.queue.get(timeout=timeout)
         except queue.Empty:
@@ -75,7 +75,7 @@ class BatchFetcher:
                 continue
             while not self.stop.is_set():
                 try:
-                    self.queue.put((msg.arrays, msg.param_version), timeout=0.5)
+                    self.queue.put(msg.arrays, timeout=0.5)
                     break
                 except queue.Full:
                     continue
