@@ -1,0 +1,22 @@
+"""Every entry point answers --help, and bad configuration stops a service with the field named."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import REPO
+
+
+@pytest.mark.parametrize("module", ["actor_svc", "learner_svc", "replay_svc", "bandit_svc", "lbc.launch",
+                                    "bench.throughput"])
+def test_help(module):
+    out = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "usage:" in out.stdout and "--preset" in out.stdout
+
+
+def test_invalid_configuration_stops_with_the_field_named():
+    out = subprocess.run([sys.executable, "-m", "replay_svc", "--set", "replay.replay_ratio=-1"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "replay.replay_ratio" in out.stderr
