@@ -46,7 +46,7 @@ class Trainer:
         self.cfg = cfg
         spec = env_spec(cfg.env)
         torch.manual_seed(cfg.learner.seed)
-        self.model: LBCNet = build_net(cfg, spec.obs_shape, spec.num_actions)
+        self.model: LBCNet = build_net(cfg, spec.obs_shape, spec.num_actions).set_channels_last(True)
         lc = cfg.learner
         self.optimiser = torch.optim.AdamW(self.model.parameters(), lr=lc.learning_rate, betas=lc.adam_betas,
                                            eps=lc.adam_eps, weight_decay=lc.weight_decay)
