@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     episode: list[EpisodeBehaviour] = [behaviours.next() for _ in range(num_envs)]
     tau = torch.tensor([b.tau for b in episode], dtype=torch.float32)
     omega = torch.tensor([b.omega for b in episode], dtype=torch.float32)
+    psi = torch.cat([tau, omega], 1).numpy()     # recorded with every step; changes only at episode ends
     ep_return = np.zeros(num_envs)
     recent: deque[float] = deque(maxlen=100)
     episodes = 0
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         t2 = time.perf_counter()
         INFER_SECONDS.inc(t1 - t0)
         ENV_SECONDS.inc(t2 - t1)
-        builder.act(action_np, result.reward, result.done, mu.numpy(), torch.cat([tau, omega], 1).numpy())
+        builder.act(action_np, result.reward, result.done, mu.numpy(), psi)
 
         ep_return += result.reward
         for e in np.flatnonzero(result.done):
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             episode[e] = behaviours.next()
             tau[e] = torch.tensor(episode[e].tau)
             omega[e] = torch.tensor(episode[e].omega)
+            psi[e] = np.concatenate([episode[e].tau, episode[e].omega])
         if result.done.any():
             RETURN_MEAN.set(float(np.mean(recent)))
             RETURN_COUNT.set(len(recent))

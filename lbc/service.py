@@ -64,6 +64,11 @@ def listen_address(endpoint: str) -> str:
     return f"[::]:{endpoint.rsplit(':', 1)[1]}"
 
 
+def zmq_bind_address(endpoint: str) -> str:
+    """Bind a ZeroMQ socket on every interface at the endpoint's port."""
+    return f"tcp://*:{endpoint.rsplit(':', 1)[1]}"
+
+
 def grpc_server(address: str, workers: int = 8) -> tuple[grpc.Server, health.HealthServicer]:
     """A gRPC server with the standard health service registered; call set_serving() once ready."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))

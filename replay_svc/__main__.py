@@ -22,6 +22,7 @@ from lbc.service import (
     setup_logging,
     start_metrics,
     stop_event,
+    zmq_bind_address,
 )
 from replay_svc.buffer import RateLimiter, SequenceBuffer
 
@@ -71,11 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     ingest.setsockopt(zmq.RCVHWM, 16)
     ingest.setsockopt(zmq.MAXMSGSIZE, rc.max_message_bytes)
     ingest.setsockopt(zmq.LINGER, 0)
-    ingest.bind(_bind_address(cfg.endpoints.replay_ingest))
+    ingest.bind(zmq_bind_address(cfg.endpoints.replay_ingest))
     serve = ctx.socket(zmq.ROUTER)
     serve.setsockopt(zmq.LINGER, 0)
     serve.setsockopt(zmq.MAXMSGSIZE, 1 << 16)
-    serve.bind(_bind_address(cfg.endpoints.replay_serve))
+    serve.bind(zmq_bind_address(cfg.endpoints.replay_serve))
 
     server, health = grpc_server(listen_address(cfg.endpoints.replay_health), workers=2)
     server.start()
@@ -162,11 +163,6 @@ def main(argv: list[str] | None = None) -> int:
     server.stop(grace=0.5).wait()
     log.info("replay stopped")
     return 0
-
-
-def _bind_address(endpoint: str) -> str:
-    """Bind on every interface at the endpoint's port."""
-    return f"tcp://*:{endpoint.rsplit(':', 1)[1]}"
 
 
 if __name__ == "__main__":
