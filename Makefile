@@ -9,8 +9,15 @@ PRESET      ?= cpu
 ACTORS      ?= 1
 NAME        ?= $(PRESET)-$(GAME)
 ARGS        ?=
+# Images: podman as it runs on this kind of machine (no daemon, vfs storage, cgroupfs).
+PODMAN      ?= podman --storage-driver vfs --cgroup-manager cgroupfs --runtime runc
+PODMAN_RUN  ?= --ulimit nofile=1024:1024 --ulimit nproc=1024:1024
+VARIANT     ?= cpu
+IMAGE       ?= localhost/lbc:0.1.0$(if $(filter gpu,$(VARIANT)),-gpu,)
+BASE        ?= localhost/debian-python:bookworm
+IMAGE_DIR   := build/image
 
-.PHONY: run test bench lint proto install clean
+.PHONY: run test bench lint proto install clean image image-smoke base-image wheelhouse test-tools
 
 install: $(STAMP) $(PROTO_OUT)
 
@@ -29,15 +36,46 @@ $(PROTO_OUT): proto/lbcproto/lbc.proto $(STAMP)
 run: install
 	$(PY) -m lbc.launch --preset $(PRESET) --game $(GAME) --actors $(ACTORS) --name $(NAME) $(ARGS)
 
-test: install
+# Tools the deployment tests run for real: Prometheus/promtool (Debian) and kubectl with kustomize.
+test-tools:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
+	@command -v kubectl >/dev/null || (echo "kubectl (with kustomize) is needed by tests/deploy" >&2; exit 1)
+
+test: install test-tools
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests
 
 bench: install
 	$(PY) -m bench.throughput --preset $(PRESET) --game $(GAME) $(ARGS)
 
+# A Debian bookworm base with Python 3.11, made locally (no registry needed): debootstrap + podman import.
+base-image:
+	@$(PODMAN) image exists $(BASE) || { \
+	  command -v debootstrap >/dev/null || (apt-get update -qq && apt-get install -y -qq debootstrap); \
+	  rm -rf build/rootfs && mkdir -p build && \
+	  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm build/rootfs \
+	    http://deb.debian.org/debian && \
+	  tar -C build/rootfs -c . | $(PODMAN) import - $(BASE) && rm -rf build/rootfs; }
+
+# The exact pinned wheels: lbc itself (with its generated gRPC stubs) and every dependency.
+wheelhouse: install
+	rm -rf $(IMAGE_DIR) && mkdir -p $(IMAGE_DIR)/wheelhouse
+	$(PY) -m pip wheel -q --no-deps -w $(IMAGE_DIR)/wheelhouse .
+	$(if $(filter gpu,$(VARIANT)),PIP_FIND_LINKS= ,)$(PY) -m pip download -q -c constraints.txt --only-binary=:all: \
+	  -d $(IMAGE_DIR)/wheelhouse $(IMAGE_DIR)/wheelhouse/lbc-*.whl
+
+image: base-image wheelhouse
+	$(PODMAN) build $(PODMAN_RUN) --build-arg BASE=$(BASE) -f Dockerfile -t $(IMAGE) $(IMAGE_DIR)
+	@echo "built $(IMAGE)"
+
+# One container per service from the image, locked down as in the pods (non-root, read-only root,
+# no capabilities); each must answer its gRPC health check.
+image-smoke: image
+	$(PY) -m tests.image_smoke --image $(IMAGE) --podman "$(PODMAN)" --run-flags "$(PODMAN_RUN)"
+
 lint: install
 	$(PY) -m ruff check .
 
 clean:
-	rm -rf $(VENV) lbcproto runs .pytest_cache
+	rm -rf $(VENV) lbcproto runs .pytest_cache build

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import zlib
 from collections import deque
 
 import numpy as np
@@ -17,6 +18,7 @@ from lbc.behaviour import behaviour_probs, sample_actions
 from lbc.config import Config
 from lbc.envs import make_envs
 from lbc.nets import build_net
+from lbc.scores import human_normalised
 from lbc.service import (
     Backoff,
     base_parser,
@@ -34,15 +36,24 @@ EPISODES = Counter("lbc_actor_episodes_total", "Episodes finished")
 RETURN_LAST = Gauge("lbc_actor_episode_return", "Return of the last finished episode")
 RETURN_MEAN = Gauge("lbc_actor_return_mean100", "Mean return of the last 100 episodes")
 RETURN_COUNT = Gauge("lbc_actor_return_window", "Episodes in the return window (up to 100)")
+HNS_MEAN = Gauge("lbc_actor_hns_mean100", "Human-normalised score of the mean return of the last 100 episodes")
 INFER_SECONDS = Counter("lbc_actor_inference_seconds_total", "Seconds in the network forward pass")
 ENV_SECONDS = Counter("lbc_actor_env_seconds_total", "Seconds stepping the environments")
+
+
+def actor_seed(base: int, index: int, name: str | None) -> int:
+    """A distinct seed per actor. On one machine actors differ by index; the replicas of a Kubernetes
+    Deployment all run index 0, so their unique pod name is mixed in."""
+    return base + 9973 * index + (zlib.crc32(name.encode()) if name else 0)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser("actor_svc", __doc__)
     parser.add_argument("--index", type=int, default=int(os.environ.get("LBC_ACTOR_INDEX", "0")),
                         help="actor number: seeds its games, offsets its local ports (default $LBC_ACTOR_INDEX or 0)")
-    parser.add_argument("--actor-id", default=None, help="name towards the bandit (default: host name + index)")
+    parser.add_argument("--actor-id", default=os.environ.get("LBC_ACTOR_ID"),
+                        help="name towards the bandit, also mixed into the seed; on Kubernetes the pod name "
+                             "(default $LBC_ACTOR_ID, else host name + index)")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many vector steps (0: never)")
     args = parser.parse_args(argv)
     cfg: Config = config_from_args(args)
@@ -52,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     actor_id = args.actor_id or f"{socket.gethostname()}-{args.index}"
 
     num_envs = cfg.env.num_envs
-    envs = make_envs(cfg.env, num_envs, seed=cfg.env.seed + 9973 * args.index)
+    seed = actor_seed(cfg.env.seed, args.index, args.actor_id)
+    envs = make_envs(cfg.env, num_envs, seed=seed)
     spec = envs.spec
     net = build_net(cfg, spec.obs_shape, spec.num_actions).eval()
     puller = ParamPuller(cfg, actor_id, net)
@@ -64,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     server, health = grpc_server(f"[::]:{cfg.endpoints.actor_health_base + args.index}", workers=2)
     server.start()
     start_metrics(cfg.endpoints.actor_metrics_base + args.index)
-    generator = torch.Generator().manual_seed(cfg.env.seed + args.index)
+    generator = torch.Generator().manual_seed(seed + 1)
 
     backoff = Backoff()
     while not stop.is_set() and not puller.pull():
@@ -125,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         if result.done.any():
             RETURN_MEAN.set(float(np.mean(recent)))
             RETURN_COUNT.set(len(recent))
+            hns = human_normalised(cfg.env.game, float(np.mean(recent))) if cfg.env.kind == "atari" else None
+            if hns is not None:
+                HNS_MEAN.set(hns)
 
         obs = result.obs
         state = out.state

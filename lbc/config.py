@@ -115,6 +115,7 @@ class LearnerConfig(_Section):
     trace_lambda: float = Field(1.0, ge=0.0, le=1.0)
     threads: int = Field(1, ge=1)
     prefetch: int = Field(2, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when a GPU is visible")
     seed: int = 0
 
 

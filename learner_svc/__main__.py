@@ -70,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     start_metrics(cfg.endpoints.learner_metrics)
     fetcher = BatchFetcher(cfg, stop)
     fetcher.start()
-    log.info("learner up: params on %s, replay %s, %d policies, batch %d x %d (+%d burn-in), preset %s",
+    log.info("learner up: params on %s, replay %s, %d policies, batch %d x %d (+%d burn-in), preset %s, device %s",
              cfg.endpoints.params, cfg.endpoints.replay_serve, cfg.num_policies, cfg.learner.batch_size,
-             cfg.sequence.length, cfg.sequence.burn_in, cfg.preset)
+             cfg.sequence.length, cfg.sequence.burn_in, cfg.preset, trainer.device)
 
     samples_per_batch = cfg.learner.batch_size * cfg.sequence.length
     last_log = time.monotonic()

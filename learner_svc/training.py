@@ -32,13 +32,23 @@ class StepStats:
     abs_td: np.ndarray                   # [B] per-sequence priority 0.9 max + 0.1 mean |TD| (R2D2)
 
 
-def to_time_major(batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    """[B, T, ...] numpy arrays to [T, B, ...] tensors; h0/c0 stay [B, H]."""
+def to_time_major(batch: dict[str, np.ndarray], device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """[B, T, ...] numpy arrays to [T, B, ...] tensors on `device`; h0/c0 stay [B, H]."""
     out: dict[str, torch.Tensor] = {}
     for name, arr in batch.items():
         t = torch.from_numpy(np.ascontiguousarray(arr))
+        if device is not None and device.type != "cpu":
+            t = t.pin_memory().to(device, non_blocking=True)
         out[name] = t if name in ("h0", "c0", "param_version") else t.transpose(0, 1)
     return out
+
+
+def pick_device(setting: str) -> torch.device:
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("learner.device=cuda but no CUDA device is visible")
+    if setting == "auto":
+        setting = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(setting)
 
 
 class Trainer:
@@ -46,7 +56,8 @@ class Trainer:
         self.cfg = cfg
         spec = env_spec(cfg.env)
         torch.manual_seed(cfg.learner.seed)
-        self.model: LBCNet = build_net(cfg, spec.obs_shape, spec.num_actions).set_channels_last(True)
+        self.device = pick_device(cfg.learner.device)
+        self.model: LBCNet = build_net(cfg, spec.obs_shape, spec.num_actions).set_channels_last(True).to(self.device)
         lc = cfg.learner
         self.optimiser = torch.optim.AdamW(self.model.parameters(), lr=lc.learning_rate, betas=lc.adam_betas,
                                            eps=lc.adam_eps, weight_decay=lc.weight_decay)
@@ -63,7 +74,7 @@ class Trainer:
             group["lr"] = lc.learning_rate * factor
             group["weight_decay"] = lc.weight_decay * max(0.0, 1.0 - self.step / lc.anneal_steps)
 
-        b = to_time_major(batch)
+        b = to_time_major(batch, self.device)
         burn = self.cfg.sequence.burn_in
         state = (b["h0"], b["c0"])
         inputs = ("obs", "prev_action", "prev_reward", "reset")
@@ -78,9 +89,9 @@ class Trainer:
         raw_reward = b["reward"][burn:]
         not_done = 1.0 - b["done"][burn:].float()
         mu = b["behaviour_prob"][burn:]
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.device)
         per_policy = []
-        abs_td = torch.zeros(actions.shape[1])
+        abs_td = torch.zeros(actions.shape[1], device=self.device)
         for i, (shape, gamma) in enumerate(zip(self.shaping, self.gammas, strict=True)):
             loss = lbc_policy_loss(out.adv[:, :, i], out.value[:, :, i], actions, mu, shape(raw_reward),
                                    gamma * not_done, self.scales)
@@ -95,4 +106,4 @@ class Trainer:
         self.optimiser.step()
         self.step += 1
         return StepStats(loss=total.item(), per_policy=per_policy, grad_norm=float(grad_norm),
-                         learning_rate=lc.learning_rate * factor, abs_td=abs_td.numpy())
+                         learning_rate=lc.learning_rate * factor, abs_td=abs_td.cpu().numpy())

@@ -36,6 +36,11 @@ EVICTED = Counter("lbc_replay_evicted_total", "Sequences dropped to stay within 
 REJECTED = Counter("lbc_replay_rejected_total", "Messages rejected", ["reason"])
 INSERT_BLOCKED = Gauge("lbc_replay_insert_blocked", "1 while the rate limiter holds actors back")
 SAMPLE_BLOCKED = Gauge("lbc_replay_sample_blocked", "1 while a learner request waits for data")
+# Which side waits on the other, as time: what the actor autoscaler sizes the actor replicas by.
+INSERT_BLOCKED_SECONDS = Counter("lbc_replay_insert_blocked_seconds_total",
+                                 "Seconds the rate limiter held actors back (too few samples taken)")
+SAMPLE_BLOCKED_SECONDS = Counter("lbc_replay_sample_blocked_seconds_total",
+                                 "Seconds a learner request waited for data (too few sequences inserted)")
 
 
 class RejectLog:
@@ -88,11 +93,19 @@ def main(argv: list[str] | None = None) -> int:
 
     pending: dict[bytes, int] = {}   # learner identity -> batch size asked for
     last_log = time.monotonic()
+    loop_start, insert_blocked = time.monotonic(), False
     while not stop.is_set():
+        now = time.monotonic()
+        elapsed, loop_start = now - loop_start, now   # the state set last pass held for this long
+        if pending:
+            SAMPLE_BLOCKED_SECONDS.inc(elapsed)
+        if insert_blocked:
+            INSERT_BLOCKED_SECONDS.inc(elapsed)
         poller = zmq.Poller()
         poller.register(serve, zmq.POLLIN)
         can_insert = limiter.can_insert()
-        INSERT_BLOCKED.set(0 if can_insert else 1)
+        insert_blocked = not can_insert
+        INSERT_BLOCKED.set(int(insert_blocked))
         if can_insert:
             poller.register(ingest, zmq.POLLIN)
         events = dict(poller.poll(100))

@@ -43,16 +43,28 @@ def overrides_dict(overrides: list[str]) -> dict[str, str]:
 
 class Service:
     def __init__(self, module: str, preset: str, overrides: list[str], log_dir: Path, *extra: str) -> None:
-        self.module = module
-        self.argv = [sys.executable, "-m", module, "--preset", preset, *(a for o in overrides for a in ("--set", o)),
-                     *extra]
+        argv = [sys.executable, "-m", module, "--preset", preset, *(a for o in overrides for a in ("--set", o)), *extra]
+        self._init(module, argv, log_dir, env=None, cwd=REPO)
+
+    @classmethod
+    def from_argv(cls, name: str, argv: list[str], log_dir: Path, env: dict[str, str], cwd: Path) -> Service:
+        """Any command with exactly this environment (e.g. a container's, from a manifest)."""
+        service = cls.__new__(cls)
+        service._init(name, argv, log_dir, env=env, cwd=cwd)
+        return service
+
+    def _init(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None, cwd: Path) -> None:
+        self.module = name
+        self.argv = argv
+        self.env, self.cwd = env, cwd
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_dir / f"{module}-{time.monotonic_ns()}.log"
+        self.log_path = log_dir / f"{name}-{time.monotonic_ns()}.log"
         self.proc: subprocess.Popen | None = None
 
     def start(self, *extra: str) -> Service:
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([*self.argv, *extra], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([*self.argv, *extra], cwd=self.cwd, env=self.env, stdout=log,
+                                     stderr=subprocess.STDOUT)
         log.close()
         return self
 

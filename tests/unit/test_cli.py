@@ -20,3 +20,17 @@ def test_invalid_configuration_stops_with_the_field_named():
     out = subprocess.run([sys.executable, "-m", "replay_svc", "--set", "replay.replay_ratio=-1"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "replay.replay_ratio" in out.stderr
+
+
+def test_lbc_command_help():
+    out = subprocess.run([sys.executable, "-m", "lbc.cli", "--help"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and all(cmd in out.stdout for cmd in ("scale", "autoscale", "health"))
+
+
+def test_deployment_replicas_get_distinct_seeds():
+    from actor_svc.__main__ import actor_seed
+    # every replica of a Deployment runs index 0: the pod name must separate them, reproducibly
+    assert actor_seed(0, 0, "lbc-actor-7d9f-abcde") != actor_seed(0, 0, "lbc-actor-7d9f-fghij")
+    assert actor_seed(0, 0, "lbc-actor-7d9f-abcde") == actor_seed(0, 0, "lbc-actor-7d9f-abcde")
+    assert actor_seed(5, 1, None) == 5 + 9973

@@ -1,0 +1,161 @@
+"""`lbc`: operating commands. `lbc scale actors N` sets the actor replicas; `lbc autoscale` keeps them
+sized to the learner's appetite (lbc.scaling), logging every decision; `lbc health ADDRESS` asks a
+service's gRPC health check. Training on one machine is `make run` (python -m lbc.launch)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+import urllib.request
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import Counter, Gauge
+
+from lbc import kube
+from lbc.scaling import Autoscaler, ReplayRates, ScalePolicy, parse_replay_metrics
+from lbc.service import setup_logging, start_metrics, stop_event
+
+DESIRED = Gauge("lbc_autoscaler_replicas", "Actor replicas the autoscaler last saw or set")
+TARGET = Gauge("lbc_autoscaler_balanced_replicas", "Balanced actor count n* from replay's rates")
+DECISIONS = Counter("lbc_autoscaler_decisions_total", "Autoscaler decisions", ["action"])
+ERRORS = Counter("lbc_autoscaler_errors_total", "Failed reads or patches", ["what"])
+
+
+def _cluster_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--namespace", default=None, help="default: the pod's namespace in a cluster, else 'lbc'")
+    parser.add_argument("--deployment", default="lbc-actor", help="the actor Deployment (default lbc-actor)")
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else ~/.kube/config)")
+    parser.add_argument("--context", default=None, help="kubeconfig context")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lbc", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    scale = sub.add_parser("scale", help="set the number of replicas of a component")
+    scale.add_argument("component", choices=["actors"])
+    scale.add_argument("replicas", type=int)
+    _cluster_args(scale)
+
+    auto = sub.add_parser("autoscale", help="size the actor replicas to keep the learner fed",
+                          description=ScalePolicy.__doc__ or "")
+    _cluster_args(auto)
+    auto.add_argument("--replay-metrics", default="http://lbc-replay:9102/metrics", help="replay_svc's /metrics URL")
+    auto.add_argument("--min", dest="min_replicas", type=int, default=1)
+    auto.add_argument("--max", dest="max_replicas", type=int, default=16)
+    auto.add_argument("--replay-ratio", type=float, default=2.0, help="the run's replay.replay_ratio")
+    auto.add_argument("--interval", type=float, default=30.0, help="seconds between observations")
+    auto.add_argument("--patience", type=int, default=3, help="observations in a row before a change")
+    auto.add_argument("--cooldown", type=float, default=120.0, help="seconds after a change with no other")
+    auto.add_argument("--band", type=float, default=0.15, help="relative dead band around the current count")
+    auto.add_argument("--metrics-port", type=int, default=9120, help="the autoscaler's own /metrics")
+    auto.add_argument("--iterations", type=int, default=0, help="stop after this many observations (0: never)")
+    auto.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+    check = sub.add_parser("health", help="ask a service's gRPC health check; exit 0 when SERVING")
+    check.add_argument("address", help="host:port, e.g. 127.0.0.1:50051")
+    check.add_argument("--service", default="", help="health name, e.g. lbc.v1.ParameterService (default: the server)")
+    check.add_argument("--wait", type=float, default=0.0, help="keep asking for up to this many seconds")
+    return parser
+
+
+def health(args: argparse.Namespace) -> int:
+    deadline = time.monotonic() + args.wait
+    status = "UNREACHABLE"
+    with grpc.insecure_channel(args.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=args.service), timeout=2.0)
+                status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            except grpc.RpcError as exc:
+                status = exc.code().name
+            if status == "SERVING" or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+    print(f"{args.address} {args.service or '(server)'}: {status}")
+    return 0 if status == "SERVING" else 1
+
+
+def scale(args: argparse.Namespace) -> int:
+    if args.replicas < 0:
+        raise SystemExit("replicas must be >= 0")
+    namespace = args.namespace or kube.default_namespace()
+    api = kube.apps_api(args.kubeconfig, args.context)
+    try:
+        before = kube.read_replicas(api, namespace, args.deployment)
+        kube.set_replicas(api, namespace, args.deployment, args.replicas)
+    except ApiException as exc:
+        raise SystemExit(f"cannot scale {namespace}/{args.deployment}: {exc.status} {exc.reason}") from None
+    print(f"{namespace}/{args.deployment}: {before} -> {args.replicas} replicas")
+    return 0
+
+
+def _read_replay(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode()
+
+
+def autoscale(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
+    log = setup_logging("autoscaler", args.log_level)
+    stop = stop or stop_event()
+    policy = ScalePolicy(min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                         replay_ratio=args.replay_ratio, rel_band=args.band, patience=args.patience,
+                         cooldown_s=args.cooldown)
+    namespace = args.namespace or kube.default_namespace()
+    api = kube.apps_api(args.kubeconfig, args.context)
+    if args.metrics_port:
+        start_metrics(args.metrics_port)
+    scaler = Autoscaler(policy)
+    log.info("autoscaling %s/%s between %d and %d replicas from %s every %.0f s",
+             namespace, args.deployment, policy.min_replicas, policy.max_replicas, args.replay_metrics, args.interval)
+    previous = None
+    observations = 0
+    while not stop.is_set():
+        try:
+            counters = parse_replay_metrics(_read_replay(args.replay_metrics), time.monotonic())
+        except (OSError, ValueError) as exc:
+            ERRORS.labels("replay").inc()
+            log.warning("cannot read replay metrics from %s: %s", args.replay_metrics, exc)
+            counters = None
+        rates = ReplayRates.between(previous, counters) if previous and counters else None
+        previous = counters or previous
+        if rates is not None:
+            observations += 1
+            try:
+                current = kube.read_replicas(api, namespace, args.deployment)
+                decision = scaler.observe(current, rates, time.monotonic())
+                DESIRED.set(decision.replicas)
+                TARGET.set(decision.target)
+                action = "keep" if decision.replicas == current else ("up" if decision.replicas > current else "down")
+                if action != "keep":
+                    kube.set_replicas(api, namespace, args.deployment, decision.replicas)
+                DECISIONS.labels(action).inc()
+                log.info("replicas %d -> %d (%s): n*=%.2f insert %.1f/s sample %.1f/s actors waiting %.0f%% "
+                         "learner waiting %.0f%%", current, decision.replicas, decision.reason, decision.target,
+                         rates.insert_per_s, rates.sample_per_s, 100 * rates.actors_wait, 100 * rates.learner_wait)
+            except ApiException as exc:
+                ERRORS.labels("kubernetes").inc()
+                log.warning("Kubernetes API: %s %s", exc.status, exc.reason)
+            if args.iterations and observations >= args.iterations:
+                break
+        stop.wait(args.interval)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "scale":
+        return scale(args)
+    if args.command == "health":
+        return health(args)
+    return autoscale(args)
+
+
+if __name__ == "__main__":
+    logging.captureWarnings(True)
+    raise SystemExit(main())

@@ -1,0 +1,142 @@
+"""The Grafana dashboard "lbc training", built with grafana-foundation-sdk.
+
+`python -m lbc.dashboard` writes k8s/components/monitoring/dashboard.json (shipped as a ConfigMap for
+Grafana's sidecar); a test checks the file is what this module builds and that every query returns
+data from a real Prometheus scraping the real services. Series carry the labels the PodMonitor
+sets: namespace, run, pod and component.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import heatmap, prometheus, stat, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh
+
+OUTPUT = Path(__file__).resolve().parent.parent / "k8s" / "components" / "monitoring" / "dashboard.json"
+UID = "lbc-training"
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+SEL = 'namespace=~"$namespace", run=~"$run"'   # every query is scoped to the chosen namespace and run
+
+
+def _query(expr: str, legend: str = "", fmt: str | None = None) -> prometheus.Dataquery:
+    q = prometheus.Dataquery().expr(expr).legend_format(legend or "__auto").datasource(DATASOURCE)
+    if fmt is not None:
+        q = q.format(fmt)
+    return q
+
+
+def _series(title: str, unit: str, *queries: prometheus.Dataquery, width: int = 12) -> timeseries.Panel:
+    panel = timeseries.Panel().title(title).unit(unit).datasource(DATASOURCE).height(8).span(width)
+    for q in queries:
+        panel = panel.with_target(q)
+    return panel
+
+
+def _stat(title: str, unit: str, query: prometheus.Dataquery) -> stat.Panel:
+    return stat.Panel().title(title).unit(unit).datasource(DATASOURCE).height(4).span(6).with_target(query)
+
+
+def build() -> dict:
+    rate = "[$__rate_interval]"
+    d = (
+        db.Dashboard("lbc training")
+        .uid(UID)
+        .tags(["lbc", "reinforcement-learning"])
+        .description("Throughput, returns, learner, replay, bandit and resources of one lbc training run.")
+        .refresh("30s")
+        .time("now-3h", "now")
+        .with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+        .with_variable(
+            db.QueryVariable("namespace").label("Namespace").datasource(DATASOURCE)
+            .query("label_values(lbc_learner_steps_total, namespace)").refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        )
+        .with_variable(
+            db.QueryVariable("run").label("Run").datasource(DATASOURCE)
+            .query('label_values(lbc_learner_steps_total{namespace=~"$namespace"}, run)')
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        )
+        .with_variable(
+            db.QueryVariable("dimension").label("psi dimension").datasource(DATASOURCE)
+            .query(f"label_values(lbc_bandit_selections_total{{{SEL}}}, dimension)")
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).multi(True).include_all(True)
+        )
+        .with_row(db.Row("Overview"))
+        .with_panel(_stat("Frames/s", "short", _query(f"sum(rate(lbc_actor_frames_total{{{SEL}}}{rate}))")))
+        .with_panel(_stat("Mean return (last 100, all actors)", "short",
+                          _query(f"avg(lbc_actor_return_mean100{{{SEL}}})")))
+        .with_panel(_stat("Human-normalised score", "percentunit", _query(f"avg(lbc_actor_hns_mean100{{{SEL}}})")))
+        .with_panel(_stat("Parameter version", "none", _query(f"max(lbc_learner_param_version{{{SEL}}})")))
+        .with_row(db.Row("Throughput"))
+        .with_panel(_series("Frames/s, total and per actor", "short",
+                            _query(f"sum(rate(lbc_actor_frames_total{{{SEL}}}{rate}))", "total"),
+                            _query(f"sum by (pod) (rate(lbc_actor_frames_total{{{SEL}}}{rate}))", "{{pod}}")))
+        .with_panel(_series("Learner steps/s and samples/s", "short",
+                            _query(f"sum(rate(lbc_learner_steps_total{{{SEL}}}{rate}))", "steps/s"),
+                            _query(f"sum(rate(lbc_learner_samples_total{{{SEL}}}{rate}))", "samples/s")))
+        .with_row(db.Row("Returns"))
+        .with_panel(_series("Mean return of the last 100 episodes", "short",
+                            _query(f"lbc_actor_return_mean100{{{SEL}}}", "{{pod}}")))
+        .with_panel(_series("Human-normalised score", "percentunit",
+                            _query(f"lbc_actor_hns_mean100{{{SEL}}}", "{{pod}}")))
+        .with_row(db.Row("Learner"))
+        .with_panel(_series("Loss terms per policy", "short",
+                            _query(f"lbc_learner_loss{{{SEL}}}", "policy {{policy}} {{term}}"), width=24))
+        .with_panel(_series("Parameter version: learner and actors", "none",
+                            _query(f"max(lbc_learner_param_version{{{SEL}}})", "learner"),
+                            _query(f"lbc_actor_param_version{{{SEL}}}", "{{pod}}")))
+        .with_panel(_series("Policy lag (versions)", "none",
+                            _query(f"lbc_learner_policy_lag{{{SEL}}}", "{{stat}}")))
+        .with_row(db.Row("Replay"))
+        .with_panel(_series("Replay fill", "percentunit",
+                            _query(f"sum(lbc_replay_sequences{{{SEL}}}) / sum(lbc_replay_capacity_sequences{{{SEL}}})",
+                                   "fill")))
+        .with_panel(_series("Insert and sample rates (sequences/s)", "short",
+                            _query(f"sum(rate(lbc_replay_inserted_total{{{SEL}}}{rate}))", "inserted"),
+                            _query(f"sum(rate(lbc_replay_sampled_total{{{SEL}}}{rate}))", "sampled")))
+        .with_panel(_series("Who waits: learner on data, actors on the rate limiter", "percentunit",
+                            _query(f"sum(rate(lbc_replay_sample_blocked_seconds_total{{{SEL}}}{rate}))", "learner"),
+                            _query(f"sum(rate(lbc_replay_insert_blocked_seconds_total{{{SEL}}}{rate}))", "actors"),
+                            width=24))
+        .with_row(db.Row("Bandit (behaviour control)"))
+        .with_panel(
+            heatmap.Panel().title("Arm selections: $dimension").datasource(DATASOURCE).height(8).span(12)
+            .repeat("dimension").repeat_direction("h").max_per_row(2).calculate(False)
+            .with_target(_query(
+                f'sum by (arm) (increase(lbc_bandit_selections_total{{{SEL}, dimension=~"$dimension"}}{rate}))',
+                "{{arm}}", fmt="heatmap"))
+        )
+        .with_panel(_series("tau chosen (inverse temperature)", "none",
+                            _query(f'lbc_bandit_psi{{{SEL}, dimension=~"tau_.*"}}', "{{dimension}}")))
+        .with_panel(_series("omega chosen (mixture weight)", "none",
+                            _query(f'lbc_bandit_psi{{{SEL}, dimension=~"omega_.*"}}', "{{dimension}}")))
+        .with_row(db.Row("Resources"))
+        .with_panel(_series("CPU per service (cores)", "short",
+                            _query(f"sum by (component) (rate(process_cpu_seconds_total{{{SEL}}}{rate}))",
+                                   "{{component}}")))
+        .with_panel(_series("Resident memory per service", "bytes",
+                            _query(f"sum by (component) (process_resident_memory_bytes{{{SEL}}})", "{{component}}")))
+    )
+    return json.loads(json.dumps(d.build(), cls=JSONEncoder))
+
+
+def render() -> str:
+    return json.dumps(build(), indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lbc.dashboard", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=OUTPUT, help=f"where to write (default {OUTPUT})")
+    args = parser.parse_args(argv)
+    args.out.write_text(render())
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,250 @@
+"""The rendered manifests: schema-valid for a current Kubernetes, and consistent with what the code
+reads (ports, endpoints, environment, health service names), secured and resourced everywhere."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import kubernetes_validate
+import pytest
+
+from lbc import cli, dashboard
+from lbc.config import Config, load_config
+from tests.deploy.manifests import (
+    OVERLAYS,
+    REPO,
+    by_kind,
+    config_env,
+    container_env,
+    named,
+    render,
+    selects,
+    workloads,
+)
+
+CRD_KINDS = {"PodMonitor", "PrometheusRule"}   # Prometheus Operator: no schema bundled offline
+KUBERNETES = kubernetes_validate.latest_version()
+# endpoint field -> (Service, the port name its pods serve it on)
+ENDPOINT_SERVICES = {
+    "params": ("lbc-learner", "grpc"),
+    "bandit": ("lbc-bandit", "grpc"),
+    "replay_ingest": ("lbc-replay", "zmq-ingest"),
+    "replay_serve": ("lbc-replay", "zmq-serve"),
+    "replay_health": ("lbc-replay", "grpc"),
+}
+SERVICE_MODULES = {"learner": "learner_svc", "replay": "replay_svc", "bandit": "bandit_svc", "actor": "actor_svc"}
+ACTOR_ENV = {"LBC_ACTOR_ID", "LBC_ACTOR_INDEX"}   # read by actor_svc itself, not by the configuration
+
+
+def component(obj: dict) -> str:
+    return obj["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+
+
+def container(obj: dict) -> dict:
+    containers = obj["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, f"{obj['metadata']['name']}: one container per pod expected"
+    return containers[0]
+
+
+def ports(c: dict) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+
+
+def config_of(objects: tuple[dict, ...], monkeypatch: pytest.MonkeyPatch) -> Config:
+    for key, val in config_env(objects).items():
+        monkeypatch.setenv(key, val)
+    return load_config()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_renders_and_passes_strict_schema_validation(overlay: str) -> None:
+    objects = render(overlay)
+    assert workloads(objects), "no workloads rendered"
+    for obj in objects:
+        if obj["kind"] in CRD_KINDS:
+            assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+            continue
+        kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+
+
+def test_strict_validation_catches_a_misspelt_field() -> None:
+    obj = json.loads(json.dumps(named(render("overlays/dev"), "Deployment", "lbc-actor")))
+    obj["spec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_selectors_match_template_labels(overlay: str) -> None:
+    objects = render(overlay)
+    pods = {o["metadata"]["name"]: o["spec"]["template"]["metadata"]["labels"] for o in workloads(objects)}
+    for w in workloads(objects):
+        assert selects(w["spec"]["selector"]["matchLabels"], pods[w["metadata"]["name"]]), w["metadata"]["name"]
+    for svc in by_kind(objects, "Service"):
+        matched = [n for n, labels in pods.items() if selects(svc["spec"]["selector"], labels)]
+        assert len(matched) == 1, f"Service {svc['metadata']['name']} selects {matched}"
+    for pdb in by_kind(objects, "PodDisruptionBudget"):
+        assert any(selects(pdb["spec"]["selector"]["matchLabels"], labels) for labels in pods.values())
+    for policy in by_kind(objects, "NetworkPolicy"):
+        selector = policy["spec"]["podSelector"].get("matchLabels", {})
+        assert any(selects(selector, labels) for labels in pods.values()), policy["metadata"]["name"]
+        for rule in policy["spec"].get("ingress", []) + policy["spec"].get("egress", []):
+            for peer in rule.get("from", []) + rule.get("to", []):
+                if "podSelector" in peer:
+                    assert any(selects(peer["podSelector"]["matchLabels"], labels) for labels in pods.values()) \
+                        or peer["podSelector"]["matchLabels"].get("app.kubernetes.io/component") == "autoscaler"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_endpoints_ports_and_services_agree_with_the_configuration(overlay: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = render(overlay)
+    cfg = config_of(objects, monkeypatch)
+    by_component = {component(w): w for w in workloads(objects)}
+    for field, (service_name, port_name) in ENDPOINT_SERVICES.items():
+        endpoint = getattr(cfg.endpoints, field).removeprefix("tcp://")
+        host, port = endpoint.rsplit(":", 1)
+        assert host == service_name, f"endpoints.{field}={endpoint} does not name Service {service_name}"
+        svc = named(objects, "Service", service_name)
+        svc_port = [p for p in svc["spec"]["ports"] if p["port"] == int(port)]
+        assert svc_port and svc_port[0]["targetPort"] == port_name, f"{service_name} exposes no {port} -> {port_name}"
+        pod = by_component[svc["spec"]["selector"]["app.kubernetes.io/component"]]
+        # the service listens on the endpoint's port (lbc.service.listen_address)
+        assert ports(container(pod))[port_name] == int(port), f"{field}: container port differs"
+    metrics = {"learner": cfg.endpoints.learner_metrics, "replay": cfg.endpoints.replay_metrics,
+               "bandit": cfg.endpoints.bandit_metrics, "actor": cfg.endpoints.actor_metrics_base}
+    for name, port in metrics.items():
+        assert ports(container(by_component[name]))["metrics"] == port, name
+    assert ports(container(by_component["actor"]))["grpc"] == cfg.endpoints.actor_health_base
+
+
+def _field_exists(model: type, path: list[str]) -> bool:
+    field = model.model_fields.get(path[0])
+    if field is None:
+        return False
+    if len(path) == 1:
+        return True
+    return hasattr(field.annotation, "model_fields") and _field_exists(field.annotation, path[1:])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_environment_variable_is_read_by_the_code(overlay: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = render(overlay)
+    config_of(objects, monkeypatch)   # validates
+    for w in workloads(objects):
+        env = container_env(objects, container(w), "pod-0")
+        for key in env:
+            if component(w) == "actor" and key in ACTOR_ENV:
+                continue
+            assert key.startswith("LBC_"), key
+            path = key.removeprefix("LBC_").lower().split("__")
+            assert _field_exists(Config, path), f"{w['metadata']['name']}: {key} is no configuration field"
+
+
+def test_a_configuration_typo_in_the_configmap_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not _field_exists(Config, ["learner", "batchsize"])
+    monkeypatch.setenv("LBC_LEARNER__BATCH_SIZE", "many")
+    with pytest.raises(ValueError, match="batch_size"):
+        load_config()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_point_at_real_ports_and_health_names(overlay: str) -> None:
+    for w in workloads(render(overlay)):
+        c = container(w)
+        declared = ports(c)
+        for kind in ("readinessProbe", "livenessProbe"):
+            probe = c.get(kind)
+            assert probe, f"{w['metadata']['name']}: no {kind}"
+            if "grpc" in probe:
+                assert probe["grpc"]["port"] == declared["grpc"]
+                service = probe["grpc"].get("service")
+                if service:   # the name the service marks SERVING when ready
+                    source = (REPO / SERVICE_MODULES[component(w)] / "__main__.py").read_text()
+                    assert f'"{service}"' in source, f"{service} is not a health name of {component(w)}"
+            else:
+                assert probe["httpGet"]["port"] in declared
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_resources_and_security_on_every_container(overlay: str) -> None:
+    objects = render(overlay)
+    for w in workloads(objects):
+        name = w["metadata"]["name"]
+        spec = w["spec"]["template"]["spec"]
+        pod_sec = spec["securityContext"]
+        assert pod_sec["runAsNonRoot"] is True and pod_sec["runAsUser"] > 0, name
+        assert pod_sec["seccompProfile"]["type"] == "RuntimeDefault", name
+        c = container(w)
+        sec = c["securityContext"]
+        assert sec["readOnlyRootFilesystem"] is True and sec["allowPrivilegeEscalation"] is False, name
+        assert sec["capabilities"]["drop"] == ["ALL"] and not sec.get("privileged"), name
+        for part in ("requests", "limits"):
+            assert {"cpu", "memory"} <= set(c["resources"][part]), f"{name}: {part}"
+        assert re.fullmatch(r"localhost/lbc:[\w.-]+", c["image"]), f"{name}: image {c['image']}"
+        mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+        assert "/tmp" in mounts, f"{name}: no writable /tmp"
+        if component(w) in ("learner", "bandit"):   # state that must survive: checkpoints, bandit snapshots
+            claims = [t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])]
+            assert w["kind"] == "StatefulSet" and mounts.get("/data") in claims, name
+            assert config_env(objects)["LBC_RUN_DIR"].startswith("/data/"), "run_dir must be on the volume"
+        token = spec.get("automountServiceAccountToken")
+        if component(w) == "autoscaler":
+            assert spec["serviceAccountName"] == "lbc-autoscaler"
+        else:
+            assert token is False and spec["serviceAccountName"] == "lbc", name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_rbac_grants_only_the_actor_scale(overlay: str) -> None:
+    objects = render(overlay)
+    (role,) = by_kind(objects, "Role")
+    assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["deployments/scale"],
+                              "resourceNames": ["lbc-actor"], "verbs": ["get", "patch"]}]
+    (binding,) = by_kind(objects, "RoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "lbc-autoscaler", "namespace": "lbc"}]
+    assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "ClusterRoleBinding")
+
+
+def test_autoscaler_args_parse_and_match_the_run() -> None:
+    objects = render("overlays/autoscale")
+    c = container(named(objects, "Deployment", "lbc-autoscaler"))
+    assert c["command"] == ["lbc", "autoscale"]
+    args = cli.build_parser().parse_args(["autoscale", *c["args"]])
+    assert args.deployment == "lbc-actor"
+    replay_metrics = ports(container(named(objects, "Deployment", "lbc-replay")))["metrics"]
+    assert args.replay_metrics == f"http://lbc-replay:{replay_metrics}/metrics"
+    cfg = load_config(config_env(objects)["LBC_PRESET"])
+    assert args.replay_ratio == cfg.replay.replay_ratio
+    assert ports(c)["metrics"] == args.metrics_port
+
+
+def test_gpu_overlay_puts_the_learner_on_a_gpu_with_the_paper_preset() -> None:
+    objects = render("overlays/gpu")
+    env = config_env(objects)
+    assert env["LBC_PRESET"] == "paper" and env["LBC_LEARNER__DEVICE"] == "cuda"
+    learner = container(named(objects, "StatefulSet", "lbc-learner"))
+    assert learner["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert learner["image"].endswith("-gpu")
+    assert not any("nvidia.com/gpu" in container(w)["resources"]["limits"]
+                   for w in workloads(objects) if component(w) != "learner")
+
+
+@pytest.mark.parametrize("overlay", ["overlays/monitoring", "overlays/autoscale", "overlays/gpu"])
+def test_monitoring_objects(overlay: str) -> None:
+    objects = render(overlay)
+    (monitor,) = by_kind(objects, "PodMonitor")
+    for w in workloads(objects):
+        assert selects(monitor["spec"]["selector"]["matchLabels"], w["spec"]["template"]["metadata"]["labels"])
+        assert "metrics" in ports(container(w))
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "metrics"
+    assert {r["targetLabel"] for r in endpoint["relabelings"]} == {"component", "run"}
+    (board,) = [m for m in by_kind(objects, "ConfigMap") if m["metadata"]["name"] == "lbc-grafana-dashboard"]
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(board["data"]["lbc-training.json"]) == dashboard.build()
+
+
+def test_committed_dashboard_is_what_the_builder_makes() -> None:
+    assert dashboard.OUTPUT.read_text() == dashboard.render(), "run: python -m lbc.dashboard"

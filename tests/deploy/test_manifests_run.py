@@ -1,0 +1,239 @@
+"""The manifests really run: every container of the rendered dev overlay is started as a local process
+with its command, args and environment (Service names resolved to 127.0.0.1, volumes mapped to
+temporary folders), its readiness probe must pass, and trajectories and parameters must flow.
+Then a real Prometheus scrapes those processes with the PodMonitor's labels and the rules loaded,
+and every query of the dashboard and the rules must return data."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lbc import dashboard
+from tests.deploy.manifests import by_kind, config_env, container_env, render, workloads
+from tests.deploy.test_rules import RULE, write_rules
+from tests.support import Service, metric, wait_for, wait_healthy
+
+pytestmark = pytest.mark.slow
+
+OVERLAY = "overlays/dev"
+SERVICE_HOSTS = ("lbc-learner", "lbc-replay", "lbc-bandit")
+# Pong episodes with a random policy last minutes; cap them so returns and bandit reports appear
+# within the test. This is the only setting the test changes from the manifests.
+TEST_ENV = {"LBC_ENV__MAX_EPISODE_FRAMES": "2000"}
+
+
+@dataclass
+class Pod:
+    component: str
+    name: str
+    labels: dict[str, str]
+    ports: dict[str, int]
+    readiness: dict
+    service: Service
+
+
+def _port_free(port: int) -> bool:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+            return True
+        except OSError:
+            return False
+
+
+def _local_env(env: dict[str, str], mounts: dict[str, Path], home: Path) -> dict[str, str]:
+    out = {}
+    for key, val in env.items():
+        for host in SERVICE_HOSTS:
+            val = re.sub(rf"\b{host}(?=:\d)", "127.0.0.1", val)
+        for mount, local in mounts.items():
+            if val == mount or val.startswith(mount + "/"):
+                val = str(local) + val[len(mount):]
+        out[key] = val
+    base = {"PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "HOME": str(home),
+            "OMP_WAIT_POLICY": "PASSIVE", "PYTHONDONTWRITEBYTECODE": "1"}
+    return {**base, **out, **TEST_ENV}
+
+
+def _argv(container: dict) -> list[str]:
+    command = [*container["command"], *container.get("args", [])]
+    executable = {"python": sys.executable, "lbc": str(Path(sys.executable).parent / "lbc")}
+    return [executable.get(command[0], command[0]), *command[1:]]
+
+
+@pytest.fixture(scope="module")
+def pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Pod]]:
+    objects = render(OVERLAY)
+    root = tmp_path_factory.mktemp("cluster")
+    started: dict[str, Pod] = {}
+    for workload in workloads(objects):
+        spec = workload["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        component = workload["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+        name = f"{workload['metadata']['name']}-0"
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        busy = [p for p in ports.values() if not _port_free(p)]
+        assert not busy, f"ports {busy} of {name} are taken on this machine; stop what uses them (a `make run`?)"
+        mounts = {m["mountPath"]: root / name / m["name"] for m in container.get("volumeMounts", [])}
+        for local in mounts.values():
+            local.mkdir(parents=True, exist_ok=True)
+        env = _local_env(container_env(objects, container, name), mounts, mounts.get("/tmp", root))
+        service = Service.from_argv(name, _argv(container), root / "logs", env=env, cwd=root)
+        started[component] = Pod(component, name, workload["spec"]["template"]["metadata"]["labels"], ports,
+                                 container["readinessProbe"], service)
+    # Start in the order Kubernetes would leave to chance: actors first, so they must wait for peers.
+    order = sorted(started, key=lambda c: {"actor": 0, "learner": 1, "replay": 2, "bandit": 3}.get(c, 4))
+    for component in order:
+        started[component].service.start()
+    yield started
+    for pod in started.values():
+        pod.service.stop()
+
+
+def test_pods_become_ready_by_their_readiness_probes(pods: dict[str, Pod]) -> None:
+    assert set(pods) == {"actor", "learner", "replay", "bandit"}
+    for pod in pods.values():
+        probe = pod.readiness["grpc"]
+        try:
+            wait_healthy(f"127.0.0.1:{probe['port']}", probe.get("service", ""), timeout=120)
+        except AssertionError:
+            raise AssertionError(f"{pod.name} not ready; log:\n{pod.service.log()[-3000:]}") from None
+
+
+def test_trajectories_and_parameters_flow(pods: dict[str, Pod]) -> None:
+    actor, replay, learner, bandit = (pods[c].ports["metrics"] for c in ("actor", "replay", "learner", "bandit"))
+    wait_for(lambda: metric(replay, "lbc_replay_inserted_total") >= 64, 120, "sequences in replay")
+    wait_for(lambda: metric(learner, "lbc_learner_steps_total") >= 30, 180, "learner steps")
+    wait_for(lambda: metric(learner, "lbc_learner_param_version") >= 1, 60, "a pushed version")
+    wait_for(lambda: metric(actor, "lbc_actor_param_version") >= 1, 60, "the actor pulling a new version")
+    wait_for(lambda: metric(bandit, "lbc_bandit_episodes_total") >= 1, 120, "an episode return at the bandit")
+    for pod in pods.values():
+        assert pod.service.alive(), f"{pod.name} exited; log:\n{pod.service.log()[-3000:]}"
+
+
+# --- a real Prometheus over the same processes ---------------------------------------------------
+
+
+def _free_port() -> int:
+    with closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def prometheus(pods: dict[str, Pod], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    binary = shutil.which("prometheus")
+    assert binary, "prometheus is needed (Debian package prometheus; `make test` installs it)"
+    root = tmp_path_factory.mktemp("prometheus")
+    write_rules(root)
+    # The labels the PodMonitor gives each series on a cluster: namespace, pod, component, run.
+    scrape_configs = [{
+        "job_name": pod.component,
+        "scrape_interval": "2s",
+        "static_configs": [{"targets": [f"127.0.0.1:{pod.ports['metrics']}"],
+                            "labels": {"namespace": "lbc", "pod": pod.name, "component": pod.component,
+                                       "run": pod.labels["lbc.dev/run"]}}],
+    } for pod in pods.values()]
+    config = {"global": {"evaluation_interval": "2s"}, "rule_files": ["rules.yaml"], "scrape_configs": scrape_configs}
+    (root / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = _free_port()
+    log = (root / "prometheus.log").open("wb")
+    proc = subprocess.Popen([binary, f"--config.file={root / 'prometheus.yml'}", f"--storage.tsdb.path={root / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"], cwd=root, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: len(_query(url, "up == 1")) == len(pods), 60, "Prometheus scraping every service")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+
+
+def _query(url: str, expr: str) -> list[dict]:
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}",
+                                    timeout=5) as resp:
+            body = json.load(resp)
+    except OSError:
+        return []
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def _dashboard_queries() -> list[str]:
+    """Every panel target and variable query, with the variables bound to this run."""
+    board = dashboard.build()
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    for var in board["templating"]["list"]:
+        query = var.get("query")
+        if isinstance(query, str) and query.startswith("label_values("):
+            exprs.append(query[len("label_values("):].rsplit(",", 1)[0])   # the series behind label_values
+    bind = {"$namespace": "lbc", "$run": "dev", "$dimension": ".*", "$__rate_interval": "20s"}
+    out = []
+    for expr in exprs:
+        for var, val in bind.items():
+            expr = expr.replace(var, val)
+        assert "$" not in expr, f"unbound variable in {expr}"
+        out.append(expr)
+    return out
+
+
+def _rule_queries() -> list[str]:
+    """Recording rules as written; alerts without their threshold, so a healthy run still returns data."""
+    out = []
+    for group in yaml.safe_load(RULE.read_text())["spec"]["groups"]:
+        for rule in group["rules"]:
+            expr = rule["expr"]
+            if "alert" in rule:
+                expr = re.sub(r"\s*(==|!=|>=|<=|>|<)\s*[-\d.e+]+\s*$", "", expr)
+            out.append(expr)
+    return out
+
+
+def test_every_dashboard_and_rule_expression_returns_data(pods: dict[str, Pod], prometheus: str) -> None:
+    test_trajectories_and_parameters_flow(pods)   # training is under way and episodes have ended
+    exprs = _dashboard_queries() + _rule_queries()
+    assert len(exprs) > 30
+
+    def missing() -> list[str]:
+        return [e for e in exprs if not _query(prometheus, e)]
+
+    try:
+        wait_for(lambda: not missing(), 90, "data for every expression", interval=3)
+    except AssertionError:
+        raise AssertionError(f"no data for: {missing()}") from None
+    # the labels the dashboard groups by are really there
+    assert {r["metric"]["component"] for r in _query(prometheus, dashboard_cpu_query())} == set(pods)
+    heat = _query(prometheus, 'sum by (arm) (lbc_bandit_selections_total{namespace="lbc", run="dev"})')
+    assert len(heat) >= 1 and all("arm" in r["metric"] for r in heat)
+
+
+def dashboard_cpu_query() -> str:
+    return 'sum by (component) (rate(process_cpu_seconds_total{namespace="lbc", run="dev"}[20s]))'
+
+
+def test_no_alert_fires_on_a_healthy_run(prometheus: str) -> None:
+    firing = [a for a in _query(prometheus, "ALERTS") if a["metric"].get("alertstate") == "firing"]
+    assert not firing, firing
+
+
+def test_configmap_preset_is_the_cpu_embedded_default() -> None:
+    assert config_env(render(OVERLAY))["LBC_PRESET"] == "cpu"
+    assert len(by_kind(render(OVERLAY), "ConfigMap")) == 1
