@@ -8,8 +8,7 @@ ARG BASE=localhost/debian-python:bookworm
 FROM ${BASE} AS build
 COPY wheelhouse/ /wheelhouse/
 RUN python3 -m venv /opt/lbc \
- && /opt/lbc/bin/pip install --no-index --find-links /wheelhouse --no-cache-dir --no-compile lbc \
- && /opt/lbc/bin/python -m compileall -q /opt/lbc/lib
+ && /opt/lbc/bin/pip install --no-index --find-links /wheelhouse --no-cache-dir lbc
 
 FROM ${BASE}
 COPY --from=build /opt/lbc /opt/lbc

@@ -113,6 +113,9 @@ class LearnerConfig(_Section):
     rho_bar: float = Field(1.05, gt=0.0)
     c_bar: float = Field(1.05, gt=0.0)
     trace_lambda: float = Field(1.0, ge=0.0, le=1.0)
+    target_policy: Literal["softmax", "behaviour_temperature"] = Field(
+        "softmax", description="pi_i = softmax(A_i) (LBC as printed) or softmax(tau_i A_i) with the episode's tau_i")
+    min_target_tau: float = Field(0.05, gt=0.0, description="floor on tau_i in the target policy")
     threads: int = Field(1, ge=1)
     prefetch: int = Field(2, ge=1)
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when a GPU is visible")
@@ -183,6 +186,8 @@ class Config(BaseSettings):
             raise ValueError("replay.capacity_sequences must be at least replay.min_sequences")
         if self.learner.rho_bar < self.learner.c_bar:
             raise ValueError("V-trace needs rho_bar >= c_bar (IMPALA sec. 4.1)")
+        if self.learner.target_policy == "behaviour_temperature" and self.behaviour.family != "boltzmann_mixture":
+            raise ValueError("learner.target_policy=behaviour_temperature needs behaviour.family=boltzmann_mixture")
         if self.behaviour.family == "epsilon_greedy_mixture" and self.behaviour.tau_range[1] > 1.0:
             raise ValueError("behaviour.tau_range holds epsilon for epsilon_greedy_mixture and must lie in [0, 1]")
         for name in ("tau_range", "omega_range"):

@@ -127,6 +127,7 @@ def lbc_policy_loss(
     rewards: torch.Tensor,
     discounts: torch.Tensor,
     scales: LossScales,
+    inv_temperature: torch.Tensor | None = None,
 ) -> PolicyLoss:
     """Losses of one policy i of LBC (App. F, Algorithm 2) over one learning window.
 
@@ -134,9 +135,16 @@ def lbc_policy_loss(
     [T+1, B] = V_i; the last row is the bootstrap state. Q_i = V_i + A_i.
     V_i is fitted to V-trace targets, Q_i to Retrace targets, pi_i by the V-trace policy gradient.
     rewards are already shaped by RS_i, discounts are gamma_i * (1 - done).
+
+    inv_temperature [T+1, B] (optional): the target policy becomes pi_i = softmax(tau_i A_i) with the
+    tau_i the behaviour used (DiCE's reading, docs/decisions.md 18), and the policy gradient is
+    DiCE's temperature-scaled one, -(1/tau) A_t log pi(a_t), whose gradient in A is
+    A_t (e_a - pi): the same step size at every tau.
     """
-    logits = adv[:-1]
-    log_pi = torch.log_softmax(adv.detach(), dim=-1)          # [T+1, B, A]
+    scale = None if inv_temperature is None else inv_temperature.unsqueeze(-1)
+    logits_all = adv if scale is None else adv * scale       # [T+1, B, A]
+    logits = logits_all[:-1]
+    log_pi = torch.log_softmax(logits_all.detach(), dim=-1)   # [T+1, B, A]
     pi = log_pi.exp()
     log_pi_taken = log_pi[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
     log_rhos = log_pi_taken - torch.log(behaviour_prob.clamp_min(1e-8))
@@ -154,6 +162,8 @@ def lbc_policy_loss(
     q_loss = 0.5 * (q_targets - q_taken).pow(2)
 
     pi_loss = policy_gradient_loss(logits, actions, vt.pg_advantages)
+    if inv_temperature is not None:
+        pi_loss = pi_loss / inv_temperature[:-1]
     ent = entropy(logits)
 
     total = (scales.v * v_loss.mean() + scales.q * q_loss.mean() + scales.pi * pi_loss.mean()

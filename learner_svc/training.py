@@ -67,6 +67,14 @@ class Trainer:
         self.gammas = [p.gamma for p in cfg.policies]
         self.step = 0
 
+    def _target_tau(self, psi: torch.Tensor, policy: int) -> torch.Tensor | None:
+        """tau_i per step [T+1, B] for target_policy=behaviour_temperature; psi is [T, B, 2N] with tau
+        first. The bootstrap row repeats the last step's (across an episode end it is discounted to 0)."""
+        if self.cfg.learner.target_policy == "softmax":
+            return None
+        tau = psi[:, :, policy].clamp_min(self.cfg.learner.min_target_tau)
+        return torch.cat([tau, tau[-1:]], dim=0)
+
     def train_step(self, batch: dict[str, np.ndarray]) -> StepStats:
         lc = self.cfg.learner
         factor = schedule_factor(self.step, lc.warmup_steps, lc.anneal_steps)
@@ -94,7 +102,7 @@ class Trainer:
         abs_td = torch.zeros(actions.shape[1], device=self.device)
         for i, (shape, gamma) in enumerate(zip(self.shaping, self.gammas, strict=True)):
             loss = lbc_policy_loss(out.adv[:, :, i], out.value[:, :, i], actions, mu, shape(raw_reward),
-                                   gamma * not_done, self.scales)
+                                   gamma * not_done, self.scales, self._target_tau(b["psi"][burn:], i))
             total = total + loss.total
             per_policy.append({"v": loss.v.item(), "q": loss.q.item(), "pi": loss.pi.item(),
                                "entropy": loss.entropy.item()})
