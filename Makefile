@@ -61,7 +61,7 @@ base-image:
 # The exact pinned wheels: lbc itself (with its generated gRPC stubs) and every dependency.
 wheelhouse: install
 	rm -rf $(IMAGE_DIR) && mkdir -p $(IMAGE_DIR)/wheelhouse
-	$(PY) -m pip wheel -q --no-deps -w $(IMAGE_DIR)/wheelhouse .
+	$(PY) -m pip wheel -q --no-deps -w $(IMAGE_DIR)/wheelhouse . && rm -rf build/lib build/bdist.*
 	$(if $(filter gpu,$(VARIANT)),PIP_FIND_LINKS= ,)$(PY) -m pip download -q -c constraints.txt --only-binary=:all: \
 	  -d $(IMAGE_DIR)/wheelhouse $(IMAGE_DIR)/wheelhouse/lbc-*.whl
 

@@ -92,6 +92,11 @@ class ReplayConfig(_Section):
     min_sequences: int = Field(32, ge=1, description="no batch is served before this many are stored")
     ratio_tolerance: float = Field(256.0, ge=1.0, description="slack of the rate limiter, in samples")
     max_message_bytes: int = Field(64_000_000, ge=1024)
+    # Prioritised sequence replay (R2D2): P(i) ~ p_i^alpha, importance weights (n P(i))^-beta.
+    prioritised: bool = False
+    priority_exponent: float = Field(0.9, ge=0.0, description="alpha")
+    importance_exponent: float = Field(0.6, ge=0.0, description="beta")
+    priority_eta: float = Field(0.9, ge=0.0, le=1.0, description="p = eta max|delta| + (1 - eta) mean|delta|")
 
 
 class LearnerConfig(_Section):

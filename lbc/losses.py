@@ -128,6 +128,7 @@ def lbc_policy_loss(
     discounts: torch.Tensor,
     scales: LossScales,
     inv_temperature: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
 ) -> PolicyLoss:
     """Losses of one policy i of LBC (App. F, Algorithm 2) over one learning window.
 
@@ -166,6 +167,8 @@ def lbc_policy_loss(
         pi_loss = pi_loss / inv_temperature[:-1]
     ent = entropy(logits)
 
+    if weights is not None:
+        v_loss, q_loss, pi_loss = (loss * weights.unsqueeze(0) for loss in (v_loss, q_loss, pi_loss))
     total = (scales.v * v_loss.mean() + scales.q * q_loss.mean() + scales.pi * pi_loss.mean()
              - scales.entropy * ent.mean())
     return PolicyLoss(total=total, v=v_loss.mean(), q=q_loss.mean(), pi=pi_loss.mean(),

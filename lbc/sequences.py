@@ -35,6 +35,13 @@ def sequence_layout(cfg: Config) -> Layout:
     }
 
 
+def batch_layout(cfg: Config) -> Layout:
+    """Per sequence of a batch from replay: the sequence, plus the parameter version that produced
+    it, its key in replay (for priority updates) and its importance weight (1 unless prioritised)."""
+    return {**sequence_layout(cfg), "param_version": ("int64", ()), "key": ("int64", ()),
+            "weight": ("float32", ())}
+
+
 def validate_sequence(arrays: Mapping[str, np.ndarray], cfg: Config) -> None:
     """Layout plus the values a learner would choke on. Raises CodecError with the reason."""
     check_layout(arrays, sequence_layout(cfg))

@@ -81,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         if batch is None:
             continue
         versions = batch.pop("param_version")
+        keys = batch.pop("key")
         stats = trainer.train_step(batch)
+        if cfg.replay.prioritised:
+            fetcher.send_priorities(keys, stats.priorities)
         counters.step = trainer.step
         counters.samples += samples_per_batch
         STEPS.inc()

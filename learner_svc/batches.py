@@ -1,7 +1,8 @@
 """Batches from replay over ZeroMQ (DEALER -> replay's ROUTER), fetched ahead on a thread.
 
 The learner asks for one batch at a time; replay answers when its rate limiter allows. A request
-that goes unanswered (replay restarted) is sent again after a timeout.
+that goes unanswered (replay restarted) is sent again after a timeout. Sequence priorities go back
+to replay on the same socket (ZeroMQ sockets belong to one thread: they are queued for it).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from prometheus_client import Counter, Histogram
 
 from lbc import codec
 from lbc.config import Config
-from lbc.sequences import sequence_layout
+from lbc.sequences import batch_layout
 
 log = logging.getLogger("learner")
 
@@ -31,9 +32,10 @@ class BatchFetcher:
         self.cfg = cfg
         self.stop = stop
         self.timeout_ms = int(request_timeout_s * 1000)
-        self.layout = {**sequence_layout(cfg), "param_version": ("int64", ())}
+        self.layout = batch_layout(cfg)
         self.batch_size = cfg.learner.batch_size
         self.queue: queue.Queue[dict[str, np.ndarray]] = queue.Queue(maxsize=cfg.learner.prefetch)
+        self.outgoing: queue.Queue[list[bytes | memoryview]] = queue.Queue(maxsize=64)
         self.thread = threading.Thread(target=self._run, name="batch-fetcher", daemon=True)
 
     def start(self) -> None:
@@ -46,6 +48,15 @@ class BatchFetcher:
         except queue.Empty:
             return None
 
+    def send_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
+        """Queue a priority update for the sequences `keys`; dropped if replay is far behind."""
+        frames = codec.encode("priorities", {"key": keys.astype(np.int64),
+                                             "priority": priorities.astype(np.float32)}, sender="learner")
+        try:
+            self.outgoing.put_nowait(frames)
+        except queue.Full:
+            log.warning("priority updates are backing up; dropping one")
+
     def _run(self) -> None:
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.DEALER)
@@ -55,6 +66,8 @@ class BatchFetcher:
         pending = False
         sent_at = 0.0
         while not self.stop.is_set():
+            while not self.outgoing.empty():
+                sock.send_multipart(self.outgoing.get_nowait())
             if not pending:
                 sock.send_multipart(request)
                 pending, sent_at = True, time.monotonic()

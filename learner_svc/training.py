@@ -29,7 +29,10 @@ class StepStats:
     per_policy: list[dict[str, float]]   # v, q, pi, entropy per policy
     grad_norm: float
     learning_rate: float
-    abs_td: np.ndarray                   # [B] per-sequence priority 0.9 max + 0.1 mean |TD| (R2D2)
+    priorities: np.ndarray               # [B] eta max_t |TD| + (1 - eta) mean_t |TD|, max over policies (R2D2)
+
+
+PER_SEQUENCE = ("h0", "c0", "param_version", "key", "weight")   # [B, ...], not per time step
 
 
 def to_time_major(batch: dict[str, np.ndarray], device: torch.device | None = None) -> dict[str, torch.Tensor]:
@@ -39,7 +42,7 @@ def to_time_major(batch: dict[str, np.ndarray], device: torch.device | None = No
         t = torch.from_numpy(np.ascontiguousarray(arr))
         if device is not None and device.type != "cpu":
             t = t.pin_memory().to(device, non_blocking=True)
-        out[name] = t if name in ("h0", "c0", "param_version") else t.transpose(0, 1)
+        out[name] = t if name in PER_SEQUENCE else t.transpose(0, 1)
     return out
 
 
@@ -99,14 +102,16 @@ class Trainer:
         mu = b["behaviour_prob"][burn:]
         total = torch.zeros((), device=self.device)
         per_policy = []
-        abs_td = torch.zeros(actions.shape[1], device=self.device)
+        priorities = torch.zeros(actions.shape[1], device=self.device)
+        weights = b.get("weight")
+        eta = self.cfg.replay.priority_eta
         for i, (shape, gamma) in enumerate(zip(self.shaping, self.gammas, strict=True)):
             loss = lbc_policy_loss(out.adv[:, :, i], out.value[:, :, i], actions, mu, shape(raw_reward),
-                                   gamma * not_done, self.scales, self._target_tau(b["psi"][burn:], i))
+                                   gamma * not_done, self.scales, self._target_tau(b["psi"][burn:], i), weights)
             total = total + loss.total
             per_policy.append({"v": loss.v.item(), "q": loss.q.item(), "pi": loss.pi.item(),
                                "entropy": loss.entropy.item()})
-            abs_td = torch.maximum(abs_td, 0.9 * loss.abs_td.max(0).values + 0.1 * loss.abs_td.mean(0))
+            priorities = torch.maximum(priorities, eta * loss.abs_td.max(0).values + (1 - eta) * loss.abs_td.mean(0))
 
         self.optimiser.zero_grad(set_to_none=True)
         total.backward()
@@ -114,4 +119,4 @@ class Trainer:
         self.optimiser.step()
         self.step += 1
         return StepStats(loss=total.item(), per_policy=per_policy, grad_norm=float(grad_norm),
-                         learning_rate=lc.learning_rate * factor, abs_td=abs_td.cpu().numpy())
+                         learning_rate=lc.learning_rate * factor, priorities=priorities.cpu().numpy())

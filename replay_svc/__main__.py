@@ -1,5 +1,6 @@
 """replay_svc: takes sequences from any number of actors (ZeroMQ PULL), stores them in a bounded
-buffer, and serves batches to the learner (ZeroMQ ROUTER) under a rate limiter."""
+buffer (uniform, or prioritised as in R2D2), and serves batches to the learner (ZeroMQ ROUTER)
+under a rate limiter; the learner sends sequence priorities back on the same socket."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from lbc.service import (
     stop_event,
     zmq_bind_address,
 )
-from replay_svc.buffer import RateLimiter, SequenceBuffer
+from replay_svc.buffer import PrioritisedSequenceBuffer, RateLimiter, SequenceBuffer
 
 SIZE = Gauge("lbc_replay_sequences", "Sequences stored")
 BYTES = Gauge("lbc_replay_bytes", "Bytes stored")
@@ -34,6 +35,7 @@ SAMPLED = Counter("lbc_replay_sampled_total", "Sequences served to the learner")
 BATCHES = Counter("lbc_replay_batches_total", "Batches served")
 EVICTED = Counter("lbc_replay_evicted_total", "Sequences dropped to stay within capacity")
 REJECTED = Counter("lbc_replay_rejected_total", "Messages rejected", ["reason"])
+PRIORITY_UPDATES = Counter("lbc_replay_priority_updates_total", "Sequence priorities set by the learner")
 INSERT_BLOCKED = Gauge("lbc_replay_insert_blocked", "1 while the rate limiter holds actors back")
 SAMPLE_BLOCKED = Gauge("lbc_replay_sample_blocked", "1 while a learner request waits for data")
 # Which side waits on the other, as time: what the actor autoscaler sizes the actor replicas by.
@@ -58,6 +60,18 @@ class RejectLog:
             self.log.warning("rejected a message from %s: %s", source, exc)
 
 
+def check_priorities(arrays: dict[str, np.ndarray], capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """A learner's priority update: int64 keys and finite, non-negative float32 priorities, same length."""
+    keys, priorities = arrays.get("key"), arrays.get("priority")
+    if keys is None or priorities is None or set(arrays) != {"key", "priority"}:
+        raise codec.CodecError(f"priorities message needs exactly 'key' and 'priority', got {sorted(arrays)}")
+    if keys.dtype != np.int64 or priorities.dtype != np.float32 or keys.ndim != 1 or keys.shape != priorities.shape:
+        raise codec.CodecError("priorities: key int64 [n] and priority float32 [n] expected")
+    if len(keys) > capacity or not np.all(np.isfinite(priorities)) or np.any(priorities < 0):
+        raise codec.CodecError("priorities: too many, or not finite and non-negative")
+    return keys, priorities
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser("replay_svc", __doc__)
     args = parser.parse_args(argv)
@@ -66,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     stop = stop_event()
     rc = cfg.replay
 
-    buffer = SequenceBuffer(rc.capacity_sequences, rc.capacity_bytes)
+    buffer = (PrioritisedSequenceBuffer(rc.capacity_sequences, rc.capacity_bytes, rc.priority_exponent,
+                                        rc.importance_exponent)
+              if rc.prioritised else SequenceBuffer(rc.capacity_sequences, rc.capacity_bytes))
     limiter = RateLimiter(rc.replay_ratio, rc.min_sequences, rc.ratio_tolerance)
     rng = np.random.default_rng(cfg.env.seed + 7)
     reject = RejectLog(log)
@@ -139,7 +155,13 @@ def main(argv: list[str] | None = None) -> int:
                 except ValueError:
                     continue
                 try:
-                    req = codec.decode(frames, max_bytes=1 << 16, expected_kind="batch_request")
+                    req = codec.decode(frames, max_bytes=1 << 16)
+                    if req.kind == "priorities":
+                        keys, priorities = check_priorities(req.arrays, rc.capacity_sequences)
+                        PRIORITY_UPDATES.inc(buffer.update_priorities(keys, priorities))
+                        continue
+                    if req.kind != "batch_request":
+                        raise codec.CodecError(f"kind {req.kind!r}, expected 'batch_request' or 'priorities'")
                     size = int(req.meta.get("batch_size", "0"))
                     if not 1 <= size <= rc.capacity_sequences:
                         raise codec.CodecError(f"batch_size {size} out of range")
@@ -151,9 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         for identity, size in list(pending.items()):
             if not limiter.can_sample(size, len(buffer)):
                 continue
-            items = buffer.sample(size, rng)
-            arrays = stack([it.arrays for it in items])
-            arrays["param_version"] = np.array([it.param_version for it in items], dtype=np.int64)
+            sample = buffer.sample(size, rng)
+            arrays = stack([it.arrays for it in sample.items])
+            arrays["param_version"] = np.array([it.param_version for it in sample.items], dtype=np.int64)
+            arrays["key"] = np.array([it.key for it in sample.items], dtype=np.int64)
+            arrays["weight"] = sample.weights
             frames = codec.encode("batch", arrays, sender="replay",
                                   param_version=int(arrays["param_version"].max()))
             serve.send_multipart([identity, *frames], copy=False)

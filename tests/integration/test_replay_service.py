@@ -7,7 +7,7 @@ import zmq
 from lbc import codec
 from lbc.config import load_config
 from lbc.launch import scrape
-from lbc.sequences import sequence_layout
+from lbc.sequences import batch_layout, sequence_layout
 from lbcproto import lbc_pb2
 from tests.support import Service, endpoint_overrides, metric, overrides_dict, wait_for, wait_healthy
 
@@ -64,7 +64,7 @@ def test_rejects_bad_messages_serves_batches_and_holds_ratio(tmp_path):
         if not dealer.poll(1500):
             break
         msg = codec.decode(dealer.recv_multipart(), max_bytes=10**8, expected_kind="batch")
-        codec.check_layout(msg.arrays, {**sequence_layout(cfg), "param_version": ("int64", ())}, leading=(8,))
+        codec.check_layout(msg.arrays, batch_layout(cfg), leading=(8,))
         assert (msg.arrays["param_version"] == 7).all()
         batches += 1
     inserted = metric(port, "lbc_replay_inserted_total")
@@ -73,6 +73,59 @@ def test_rejects_bad_messages_serves_batches_and_holds_ratio(tmp_path):
     assert batches > 0 and sampled == 8 * batches
     assert sampled <= 2.0 * (inserted - 32) + 40
     assert sampled >= 2.0 * (inserted - 32) - 40 - 8
+    push.close()
+    dealer.close()
+    assert svc.stop() == 0, svc.log()
+
+
+def test_prioritised_replay_follows_the_learners_priorities(tmp_path):
+    extra = ["replay.min_sequences=32", "replay.replay_ratio=2.0", "replay.ratio_tolerance=40",
+             "learner.batch_size=8", "replay.prioritised=true", "replay.priority_exponent=1.0",
+             "replay.importance_exponent=1.0"]
+    overrides = endpoint_overrides(tmp_path / "run") + extra
+    cfg = load_config("catch", overrides)
+    o = overrides_dict(overrides)
+    svc = Service("replay_svc", "catch", overrides, tmp_path).start()
+    wait_healthy(o["endpoints.replay_health"])
+    port = int(o["endpoints.replay_metrics"])
+    ctx = zmq.Context.instance()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(o["endpoints.replay_ingest"])
+    rng = np.random.default_rng(0)
+    for version in range(48):   # all fit before the limiter asks for samples (2 x (48 - 32) <= 40)
+        push.send_multipart(codec.encode("sequence", _sequence(cfg, rng), param_version=version))
+    wait_for(lambda: metric(port, "lbc_replay_inserted_total") >= 48, 20, "inserts")
+
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(o["endpoints.replay_serve"])
+
+    def batch():
+        dealer.send_multipart(codec.encode("batch_request", {}, meta={"batch_size": "8"}))
+        assert dealer.poll(5000), "no batch"
+        return codec.decode(dealer.recv_multipart(), max_bytes=10**8, expected_kind="batch").arrays
+
+    first = batch()
+    assert (first["weight"] == 1.0).all()        # every new sequence enters at the same (max) priority
+    keys = np.array(sorted({int(k) for k in first["key"]}), np.int64)
+    # sequence keys are assigned in insertion order: make the one with version 5 dominate (p 1000 vs 0.01)
+    all_keys = np.arange(48, dtype=np.int64)
+    priorities = np.where(all_keys == 5, 1000.0, 0.01).astype(np.float32)
+    dealer.send_multipart(codec.encode("priorities", {"key": all_keys, "priority": priorities}))
+    dealer.send_multipart(codec.encode("priorities", {"key": keys, "priority": -np.ones(len(keys), np.float32)}))
+    wait_for(lambda: metric(port, "lbc_replay_priority_updates_total") >= 48, 10, "priority updates")
+    versions = []
+    for _ in range(4):
+        arrays = batch()
+        versions += arrays["param_version"].tolist()
+        w, v = arrays["weight"], arrays["param_version"]
+        # weights are normalised by the batch's largest; the likeliest sequence has the smallest
+        assert w.max() == 1.0 and (w[v == 5] == w.min()).all()
+    # P(version 5) = 1000 / (1000 + 47 * 0.01) = 0.9995
+    assert versions.count(5) >= 30
+    assert metric(port, "lbc_replay_priority_updates_total") == 48   # the negative update was rejected
+    assert "priorities" in svc.log()
     push.close()
     dealer.close()
     assert svc.stop() == 0, svc.log()

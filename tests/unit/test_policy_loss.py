@@ -70,3 +70,15 @@ def test_temperature_sets_the_evaluated_policy() -> None:
     # tau -> 0: the target policy is uniform, equal to mu, so every rho is 1: the entropy is log |A|
     assert float(low.entropy) == pytest.approx(np.log(A), abs=1e-4)
     assert float(plain.entropy) < np.log(A) - 1e-3
+
+
+def test_importance_weights_scale_each_sequence() -> None:
+    x = inputs(3)
+    per_seq = [lbc_policy_loss(**{k: v[:, b:b + 1] for k, v in x.items()}, scales=SCALES) for b in range(B)]
+    weights = torch.tensor([2.0, 0.0, 0.5])
+    weighted = lbc_policy_loss(**x, scales=SCALES, weights=weights)
+    for term in ("v", "q", "pi"):
+        expected = sum(float(w) * float(getattr(loss, term)) for w, loss in zip(weights, per_seq, strict=True)) / B
+        assert float(getattr(weighted, term)) == pytest.approx(expected, rel=1e-5), term
+    # the entropy is not weighted
+    assert float(weighted.entropy) == pytest.approx(float(lbc_policy_loss(**x, scales=SCALES).entropy))

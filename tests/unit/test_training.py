@@ -47,7 +47,7 @@ def test_trainer_fits_a_fixed_batch():
     for _ in range(150):
         last = trainer.train_step(batch)
     assert np.isfinite(last.loss) and regression(last) < 0.75 * regression(first)
-    assert len(last.per_policy) == 3 and last.abs_td.shape == (cfg.learner.batch_size,)
+    assert len(last.per_policy) == 3 and last.priorities.shape == (cfg.learner.batch_size,)
 
 
 def test_checkpoint_round_trip(tmp_path):
