@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.support import REPO, endpoint_overrides
 
 
@@ -20,10 +22,15 @@ def _launch(tmp_path, name, preset, game, duration, *extra, timeout):
     return proc, records, run_dir
 
 
-def test_lbc_bm_learns_catch(tmp_path):
+@pytest.mark.parametrize("variant", [
+    [],
+    ["--set", "replay.prioritised=true"],
+    ["--set", "learner.target_policy=behaviour_temperature"],
+], ids=["as-printed", "prioritised-replay", "behaviour-temperature"])
+def test_lbc_bm_learns_catch(tmp_path, variant):
     """All four services learn Catch to near-optimal (the best policy scores +1 every episode)."""
     proc, records, run_dir = _launch(tmp_path, "e2e-catch", "catch", "catch", 240, "--until-return", "0.9",
-                                     timeout=300)
+                                     *variant, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = records[-1]
     assert last["return_window"] >= 100 and last["mean_return_100"] >= 0.9, proc.stdout[-3000:]
