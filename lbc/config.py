@@ -101,13 +101,16 @@ class ReplayConfig(_Section):
 
 class LearnerConfig(_Section):
     batch_size: int = Field(16, ge=1)
-    optimiser: Literal["adamw"] = "adamw"
+    optimiser: Literal["adamw", "rmsprop"] = Field("adamw", description="adamw (LBC Table 3) or rmsprop (IMPALA)")
     learning_rate: float = Field(5.3e-4, gt=0.0)
     warmup_steps: int = Field(4000, ge=0)
     anneal_steps: int = Field(1_000_000, ge=1, description="lr and weight decay reach 0 here")
     weight_decay: float = Field(0.01, ge=0.0)
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-6
+    rmsprop_decay: float = Field(0.99, gt=0.0, lt=1.0)
+    rmsprop_eps: float = Field(0.01, gt=0.0)
+    rmsprop_momentum: float = Field(0.0, ge=0.0, lt=1.0)
     clip_norm: float = Field(50.0, gt=0.0)
     push_every: int = Field(25, ge=1)
     checkpoint_every: int = Field(500, ge=1, description="learner steps between checkpoints")
@@ -261,15 +264,18 @@ _CPU: dict[str, Any] = {
 
 # IMPALA (Espeholt et al. 2018): one policy, V-trace actor-critic, entropy bonus, clipped rewards,
 # no behaviour control.
+# The Atari table of IMPALA (App. G): unroll 20, batch 32, RMSProp (decay 0.99, eps 0.01, no momentum),
+# learning rate 6e-4 annealed linearly, baseline 0.5, entropy 0.01, clip 40, gamma 0.99.
 _IMPALA: dict[str, Any] = {
     "policies": [{"gamma": 0.99, "reward_shaping": "clip"}],
     "net": {"torso": "small"},
     "behaviour": {"controlled": False, "fixed_tau": 1.0},
     "sequence": {"burn_in": 0, "length": 20},
-    "replay": {"replay_ratio": 1.0, "capacity_sequences": 500, "min_sequences": 16},
-    "learner": {"batch_size": 16, "learning_rate": 6e-4, "warmup_steps": 0, "anneal_steps": 200_000,
-                "v_loss_scale": 0.5, "q_loss_scale": 0.0, "pi_loss_scale": 1.0, "entropy_cost": 0.01,
-                "rho_bar": 1.0, "c_bar": 1.0, "clip_norm": 40.0},
+    "replay": {"replay_ratio": 1.0, "capacity_sequences": 500, "min_sequences": 32},
+    "learner": {"batch_size": 32, "optimiser": "rmsprop", "learning_rate": 6e-4, "warmup_steps": 0,
+                "anneal_steps": 200_000, "weight_decay": 0.0, "rmsprop_decay": 0.99, "rmsprop_eps": 0.01,
+                "rmsprop_momentum": 0.0, "v_loss_scale": 0.5, "q_loss_scale": 0.0, "pi_loss_scale": 1.0,
+                "entropy_cost": 0.01, "rho_bar": 1.0, "c_bar": 1.0, "clip_norm": 40.0, "threads": 2},
     "env": {"num_envs": 16},
 }
 

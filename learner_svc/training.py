@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lbc.config import Config
+from lbc.config import Config, LearnerConfig
 from lbc.envs import env_spec
 from lbc.losses import LossScales, lbc_policy_loss
 from lbc.nets import LBCNet, build_net
@@ -54,6 +54,14 @@ def pick_device(setting: str) -> torch.device:
     return torch.device(setting)
 
 
+def build_optimiser(model: torch.nn.Module, lc: LearnerConfig) -> torch.optim.Optimizer:
+    if lc.optimiser == "rmsprop":
+        return torch.optim.RMSprop(model.parameters(), lr=lc.learning_rate, alpha=lc.rmsprop_decay,
+                                   eps=lc.rmsprop_eps, momentum=lc.rmsprop_momentum, weight_decay=lc.weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=lc.learning_rate, betas=lc.adam_betas, eps=lc.adam_eps,
+                             weight_decay=lc.weight_decay)
+
+
 class Trainer:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -62,8 +70,7 @@ class Trainer:
         self.device = pick_device(cfg.learner.device)
         self.model: LBCNet = build_net(cfg, spec.obs_shape, spec.num_actions).set_channels_last(True).to(self.device)
         lc = cfg.learner
-        self.optimiser = torch.optim.AdamW(self.model.parameters(), lr=lc.learning_rate, betas=lc.adam_betas,
-                                           eps=lc.adam_eps, weight_decay=lc.weight_decay)
+        self.optimiser = build_optimiser(self.model, lc)
         self.scales = LossScales(v=lc.v_loss_scale, q=lc.q_loss_scale, pi=lc.pi_loss_scale,
                                  entropy=lc.entropy_cost, rho_bar=lc.rho_bar, c_bar=lc.c_bar, lam=lc.trace_lambda)
         self.shaping = [REWARD_SHAPING[p.reward_shaping] for p in cfg.policies]

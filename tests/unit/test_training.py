@@ -68,3 +68,19 @@ def test_checkpoint_round_trip(tmp_path):
     torch.manual_seed(0)
     s2 = other.train_step(batch).loss
     assert s1 == pytest.approx(s2, rel=1e-5)
+
+
+def test_impala_preset_uses_the_papers_rmsprop_and_fits_a_batch():
+    cfg = load_config("impala", ["env.kind=catch", "net.torso=mlp", "net.hidden=32", "net.lstm=32"])
+    trainer = Trainer(cfg)
+    opt = trainer.optimiser
+    assert isinstance(opt, torch.optim.RMSprop)
+    group = opt.param_groups[0]
+    assert (group["alpha"], group["eps"], group["momentum"], group["lr"]) == (0.99, 0.01, 0.0, 6e-4)
+    assert cfg.learner.batch_size == 32 and cfg.sequence.length == 20 and cfg.learner.clip_norm == 40.0
+    batch = _batch(cfg, np.random.default_rng(1))
+    batch["behaviour_prob"][:] = 1 / 3
+    first = trainer.train_step(batch)
+    for _ in range(60):
+        last = trainer.train_step(batch)
+    assert last.per_policy[0]["v"] < 0.75 * first.per_policy[0]["v"]
