@@ -20,20 +20,24 @@ def _sequence(cfg, rng):
     return seq
 
 
-def test_rejects_bad_messages_serves_batches_and_holds_ratio(tmp_path):
-    extra = ["replay.min_sequences=32", "replay.replay_ratio=2.0", "replay.ratio_tolerance=40",
-             "learner.batch_size=8", "replay.max_message_bytes=200000"]
-    overrides = endpoint_overrides(tmp_path / "run") + extra
-    cfg = load_config("catch", overrides)
+BASE = ["replay.min_sequences=32", "replay.replay_ratio=2.0", "replay.ratio_tolerance=40", "learner.batch_size=8"]
+
+
+def _start_replay(tmp_path, extra):
+    """A replay_svc process on fresh ports, healthy, and a PUSH socket into it."""
+    overrides = endpoint_overrides(tmp_path / "run") + BASE + extra
     o = overrides_dict(overrides)
     svc = Service("replay_svc", "catch", overrides, tmp_path).start()
     wait_healthy(o["endpoints.replay_health"])
-    port = int(o["endpoints.replay_metrics"])
-
-    ctx = zmq.Context.instance()
-    push = ctx.socket(zmq.PUSH)
+    push = zmq.Context.instance().socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
     push.connect(o["endpoints.replay_ingest"])
+    return load_config("catch", overrides), o, svc, int(o["endpoints.replay_metrics"]), push
+
+
+def test_rejects_bad_messages_serves_batches_and_holds_ratio(tmp_path):
+    cfg, o, svc, port, push = _start_replay(tmp_path, ["replay.max_message_bytes=200000"])
+    ctx = zmq.Context.instance()
     rng = np.random.default_rng(0)
     good = _sequence(cfg, rng)
     push.send_multipart([b"\x01\x02garbage", b"x"])                                       # malformed header
@@ -79,19 +83,9 @@ def test_rejects_bad_messages_serves_batches_and_holds_ratio(tmp_path):
 
 
 def test_prioritised_replay_follows_the_learners_priorities(tmp_path):
-    extra = ["replay.min_sequences=32", "replay.replay_ratio=2.0", "replay.ratio_tolerance=40",
-             "learner.batch_size=8", "replay.prioritised=true", "replay.priority_exponent=1.0",
-             "replay.importance_exponent=1.0"]
-    overrides = endpoint_overrides(tmp_path / "run") + extra
-    cfg = load_config("catch", overrides)
-    o = overrides_dict(overrides)
-    svc = Service("replay_svc", "catch", overrides, tmp_path).start()
-    wait_healthy(o["endpoints.replay_health"])
-    port = int(o["endpoints.replay_metrics"])
+    cfg, o, svc, port, push = _start_replay(tmp_path, ["replay.prioritised=true", "replay.priority_exponent=1.0",
+                                                       "replay.importance_exponent=1.0"])
     ctx = zmq.Context.instance()
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 0)
-    push.connect(o["endpoints.replay_ingest"])
     rng = np.random.default_rng(0)
     for version in range(48):   # all fit before the limiter asks for samples (2 x (48 - 32) <= 40)
         push.send_multipart(codec.encode("sequence", _sequence(cfg, rng), param_version=version))
