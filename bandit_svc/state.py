@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lbc.bandit import BehaviourController, Choice, Discretisation
+from lbc.bva import BvaController
 from lbc.config import Config
 
 SNAPSHOT_FORMAT = 1
@@ -29,17 +30,21 @@ class BanditState:
         self.tau_dim = Discretisation(*b.tau_range, b.tau_accuracy)
         self.omega_dim = Discretisation(*b.omega_range, b.omega_accuracy)
         self.lock = threading.Lock()
-        self.controllers: dict[str, BehaviourController] = {}
+        self.controllers: dict[str, BehaviourController | BvaController] = {}
         self.pending: dict[str, OrderedDict[str, tuple[int, ...]]] = {}
         self.next_episode: dict[str, int] = {}
 
-    def _controller(self, actor_id: str) -> BehaviourController:
+    def _controller(self, actor_id: str) -> BehaviourController | BvaController:
         if actor_id not in self.controllers:
-            bc = self.cfg.bandit
+            bc, b = self.cfg.bandit, self.cfg.behaviour
             seed = bc.seed * 1_000_003 + zlib.crc32(actor_id.encode())
-            self.controllers[actor_id] = BehaviourController(
-                self.cfg.num_policies, self.tau_dim, self.omega_dim, bc.population, bc.c_range, bc.top_d,
-                bc.replace_every, bc.normalise_values, seed)
+            if bc.algorithm == "bva":
+                self.controllers[actor_id] = BvaController(b.tau_range, bc.bva_accuracy, bc.population, bc.top_d,
+                                                           bc.bva_ucb_c, bc.normalise_values, bc.learn, seed)
+            else:
+                self.controllers[actor_id] = BehaviourController(
+                    self.cfg.num_policies, self.tau_dim, self.omega_dim, bc.population, bc.c_range, bc.top_d,
+                    bc.replace_every, bc.normalise_values, seed, learn=bc.learn)
             self.pending[actor_id] = OrderedDict()
             self.next_episode[actor_id] = 0
         return self.controllers[actor_id]
@@ -72,10 +77,7 @@ class BanditState:
                 ctl = self.controllers.get(aid)
                 if ctl is None:
                     continue
-                out[aid] = {"episodes": ctl.episodes, "dimensions": [
-                    {"name": name, "selections": pop.selections.tolist(),
-                     "mean_return": (pop.sums[0] / (pop.counts[0] + (pop.counts[0] == 0))).tolist()}
-                    for name, pop in zip(ctl.names, ctl.populations, strict=True)]}
+                out[aid] = {"episodes": ctl.episodes, "dimensions": ctl.stats()}
             return out
 
     # ------------------------------------------------------------ snapshots
@@ -90,12 +92,13 @@ class BanditState:
 
     def _layout(self) -> dict[str, Any]:
         return {"policies": self.cfg.num_policies, "tau_arms": self.tau_dim.num_arms,
-                "omega_arms": self.omega_dim.num_arms, "population": self.cfg.bandit.population}
+                "omega_arms": self.omega_dim.num_arms, "population": self.cfg.bandit.population,
+                "algorithm": self.cfg.bandit.algorithm}
 
     def load_dict(self, d: dict[str, Any]) -> None:
         if d.get("format") != SNAPSHOT_FORMAT:
             raise ValueError(f"snapshot format {d.get('format')}, expected {SNAPSHOT_FORMAT}")
-        if d.get("layout") != self._layout():
+        if {"algorithm": "population_ucb", **d.get("layout", {})} != self._layout():   # older snapshots: no algorithm
             raise ValueError(f"snapshot layout {d.get('layout')} differs from the configured {self._layout()}")
         with self.lock:
             for aid, a in d["actors"].items():

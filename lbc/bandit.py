@@ -138,8 +138,9 @@ class BehaviourController:
 
     def __init__(self, num_policies: int, tau: Discretisation, omega: Discretisation, population: int,
                  c_range: tuple[float, float], top_d: int, replace_every: int, normalise: bool,
-                 seed: int) -> None:
+                 seed: int, learn: bool = True) -> None:
         self.num_policies = num_policies
+        self.learn = learn   # False: psi drawn by untrained bandits, i.e. uniformly (LBC's "random" ablation)
         self.rng = np.random.default_rng(seed)
         self.dims = [tau] * num_policies + [omega] * num_policies
         self.names = [f"tau_{i + 1}" for i in range(num_policies)] + [f"omega_{i + 1}" for i in range(num_policies)]
@@ -157,11 +158,20 @@ class BehaviourController:
 
     def update(self, arms: tuple[int, ...], episode_return: float) -> None:
         for pop, arm in zip(self.populations, arms, strict=True):
-            pop.update(arm, episode_return, self.rng)
+            if self.learn:
+                pop.update(arm, episode_return, self.rng)
+            else:
+                pop.episodes += 1
 
     @property
     def episodes(self) -> int:
         return self.populations[0].episodes
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Per dimension: how often each arm was voted and the first bandit's mean return per arm."""
+        return [{"name": name, "selections": pop.selections.tolist(),
+                 "mean_return": (pop.sums[0] / (pop.counts[0] + (pop.counts[0] == 0))).tolist()}
+                for name, pop in zip(self.names, self.populations, strict=True)]
 
     def to_dict(self) -> dict[str, Any]:
         return {"populations": [p.to_dict() for p in self.populations], "rng": self.rng.bit_generator.state}

@@ -65,11 +65,17 @@ class BehaviourConfig(_Section):
 
 
 class BanditConfig(_Section):
-    """Population-based UCB bandits, LBC App. E.4 and Table 3; one population per dimension of psi."""
+    """Population-based UCB bandits, LBC App. E.4 and Table 3; one population per dimension of psi.
+    Or DiCE's Bandits Vote Algorithm (`bva`, App. A): `population` tile-coded bandits each proposing
+    `top_d` candidates over x = log(1 + tau) at `bva_accuracy`."""
 
+    algorithm: Literal["population_ucb", "bva"] = "population_ucb"
+    learn: bool = Field(True, description="False: the bandits never learn, psi is drawn at random (ablations)")
     population: int = Field(7, ge=1)
     c_range: tuple[float, float] = (0.5, 1.5)
     top_d: int = Field(4, ge=1)
+    bva_accuracy: float = Field(0.1, gt=0.0, description="tile size in x = log(1 + tau)")
+    bva_ucb_c: float = Field(1.0, ge=0.0)
     replace_every: int = Field(50, ge=1)
     normalise_values: bool = True
     snapshot_every_s: float = Field(30.0, gt=0.0)
@@ -194,6 +200,8 @@ class Config(BaseSettings):
             raise ValueError("replay.capacity_sequences must be at least replay.min_sequences")
         if self.learner.rho_bar < self.learner.c_bar:
             raise ValueError("V-trace needs rho_bar >= c_bar (IMPALA sec. 4.1)")
+        if self.bandit.algorithm == "bva" and (self.num_policies != 1 or self.behaviour.family != "boltzmann_mixture"):
+            raise ValueError("bandit.algorithm=bva (DiCE) needs exactly one policy and the boltzmann_mixture family")
         if self.learner.target_policy == "behaviour_temperature" and self.behaviour.family != "boltzmann_mixture":
             raise ValueError("learner.target_policy=behaviour_temperature needs behaviour.family=boltzmann_mixture")
         if self.behaviour.family == "epsilon_greedy_mixture" and self.behaviour.tau_range[1] > 1.0:
@@ -279,17 +287,45 @@ _IMPALA: dict[str, Any] = {
     "env": {"num_envs": 16},
 }
 
-# LBC-BM on the built-in Catch game: the end-to-end learning check (minutes on two cores).
-_CATCH: dict[str, Any] = {
-    **_CPU,
+# DiCE (P1 Table 5) sized like `cpu`: one policy (gamma 0.997, the asymmetric log reward shape = RS_2),
+# behaviour softmax(A / tau_DiCE) with 1/tau_DiCE on [0, 50] chosen per episode by the Bandits Vote
+# Algorithm (7 tile-coded bandits, 7 candidates, value normalisation, UCB 1.0), the target policy at the
+# episode's temperature with the temperature-scaled gradient, no entropy term, loss scales 1 / 10 / 10.
+# Paper scale: --set net.torso=deep sequence.burn_in=40 sequence.length=80 learner.batch_size=64.
+_DICE: dict[str, Any] = {
+    "policies": [{"gamma": 0.997, "reward_shaping": "rs2"}],
+    "net": {"torso": "small"},
+    "behaviour": {"controlled": True, "tau_range": [0.0, 50.0]},
+    "bandit": {"algorithm": "bva", "population": 7, "top_d": 7, "bva_accuracy": 0.1, "bva_ucb_c": 1.0,
+               "normalise_values": True},
+    "sequence": {"burn_in": 10, "length": 20},
+    "replay": _CPU["replay"],
+    "learner": {**_CPU["learner"], "learning_rate": 5e-4, "v_loss_scale": 1.0, "q_loss_scale": 10.0,
+                "pi_loss_scale": 10.0, "entropy_cost": 0.0, "rho_bar": 1.05, "c_bar": 1.05,
+                "target_policy": "behaviour_temperature"},
+    "actor": {"pull_every": 64},
+    "env": {"num_envs": 16},
+}
+# DiCE's ablations (P1 section 4.3): "baseline" fixes tau = 1; "random" never updates the bandits.
+_DICE_FIXED: dict[str, Any] = {**_DICE, "behaviour": {"controlled": False, "fixed_tau": 1.0}}
+_DICE_RANDOM: dict[str, Any] = {**_DICE, "bandit": {**_DICE["bandit"], "learn": False}}
+
+# Sizes for the built-in Catch game (minutes on two cores), laid over any preset for the end-to-end tests.
+CATCH_SIZING: dict[str, Any] = {
     "env": {"kind": "catch", "num_envs": 8},
     "net": {"torso": "mlp", "hidden": 64, "lstm": 64},
     "sequence": {"burn_in": 2, "length": 10},
     "replay": {"replay_ratio": 2.0, "capacity_sequences": 1_000, "min_sequences": 32},
     "learner": {"batch_size": 32, "learning_rate": 2e-3, "warmup_steps": 20, "anneal_steps": 100_000,
                 "push_every": 5, "checkpoint_every": 200, "clip_norm": 40.0},
-    "behaviour": {"tau_range": [0.0, 10.0], "tau_accuracy": 1.0},
     "actor": {"pull_every": 10},
+}
+
+# LBC-BM on the built-in Catch game: the end-to-end learning check.
+_CATCH: dict[str, Any] = {
+    **_CPU,
+    **CATCH_SIZING,
+    "behaviour": {"tau_range": [0.0, 10.0], "tau_accuracy": 1.0},
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -297,6 +333,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper": _PAPER,
     "cpu": _CPU,
     "impala": _IMPALA,
+    "dice": _DICE,
+    "dice-fixed": _DICE_FIXED,
+    "dice-random": _DICE_RANDOM,
     "catch": _CATCH,
 }
 

@@ -6,7 +6,19 @@ import sys
 
 import pytest
 
+from lbc.config import CATCH_SIZING
 from tests.support import REPO, endpoint_overrides
+
+
+def _as_sets(tree: dict, prefix: str = "") -> list[str]:
+    """A nested settings dict as launcher arguments: ["--set", "a.b=1", ...]."""
+    out = []
+    for key, val in tree.items():
+        if isinstance(val, dict):
+            out += _as_sets(val, f"{prefix}{key}.")
+        else:
+            out += ["--set", f"{prefix}{key}={json.dumps(val)}"]
+    return out
 
 
 def _launch(tmp_path, name, preset, game, duration, *extra, timeout):
@@ -55,3 +67,14 @@ def test_short_pong_run(tmp_path):
     assert "frames" in proc.stdout and "lbc: stopped" in proc.stdout
     for log in (run_dir / "logs").glob("*.log"):
         assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+@pytest.mark.parametrize("preset", ["dice"])
+def test_preset_learns_catch(tmp_path, preset):
+    """Other systems of the papers, on the same harness: Catch to near-optimal."""
+    proc, records, _ = _launch(tmp_path, f"e2e-{preset}-catch", preset, "catch", 240, "--until-return", "0.9",
+                               *_as_sets(CATCH_SIZING), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = records[-1]
+    assert last["return_window"] >= 100 and last["mean_return_100"] >= 0.9, proc.stdout[-3000:]
+    assert last["version"] > 0 and last["bandit_episodes"] > 100

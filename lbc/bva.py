@@ -1,0 +1,183 @@
+"""DiCE's Bandits Vote Algorithm (BVA, DiCE App. A, Algorithm 2): an ensemble of tile-coded bandits
+over x = log(1 + 1/tau_DiCE) that chooses the behaviour temperature of each episode.
+
+One bandit B = (mode, l, r, acc, width, lr, w, N, d):
+    tile        i(x) = floor((clip(x, l, r) - l) / acc), clamped to K - 1;  K = floor((r - l) / acc)
+    evaluate    V_i = 1/(2 width + 1) sum_{k=i-width}^{i+width} w_k                          (eq. 9)
+    update      w_j += lr (g - V_i) for j in i-width..i+width;  N_i += 1                      (eq. 10)
+    score       (V_i - mean V) / std V + c sqrt(log(1 + sum N) / (1 + N_i))                    (eq. 11)
+    candidates  argmax mode: the top-d tiles; random mode: d tiles without replacement with
+                probabilities softmax(score); one x drawn uniformly inside each tile.
+The ensemble draws one x uniformly among all M x d candidates, and every bandit learns from (x, g).
+Edges (docs/decisions.md 19): the window is cut at the ends of the tile range and averaged over the
+tiles it covers; std V = 0 (nothing learned yet) leaves the normalised value at 0.
+
+lbc's behaviour mixes softmax(tau A) with tau an inverse temperature, so the temperature DiCE
+prints, tau_DiCE = 1 / (exp(x) - 1), becomes tau = exp(x) - 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from lbc.bandit import Choice
+
+
+@dataclass
+class TileBandit:
+    mode: Literal["argmax", "random"]
+    low: float
+    high: float
+    acc: float
+    width: int
+    lr: float
+    candidates: int
+    ucb_c: float = 1.0
+    normalise: bool = True
+    w: np.ndarray = field(init=False)
+    n: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.num_tiles = max(1, math.floor((self.high - self.low) / self.acc + 1e-9))
+        self.w = np.zeros(self.num_tiles)
+        self.n = np.zeros(self.num_tiles)
+
+    def tile(self, x: float) -> int:
+        i = math.floor((min(max(x, self.low), self.high) - self.low) / self.acc)
+        return min(i, self.num_tiles - 1)
+
+    def _window(self, i: int) -> slice:
+        return slice(max(0, i - self.width), min(self.num_tiles, i + self.width + 1))
+
+    def values(self) -> np.ndarray:
+        """V_i for every tile (eq. 9)."""
+        return np.array([self.w[self._window(i)].mean() for i in range(self.num_tiles)])
+
+    def update(self, x: float, g: float) -> None:
+        """Eq. 10 for one episode played at x with return g."""
+        self.update_tile(self.tile(x), g)
+
+    def update_tile(self, i: int, g: float) -> None:
+        v_i = self.w[self._window(i)].mean()
+        self.w[self._window(i)] += self.lr * (g - v_i)
+        self.n[i] += 1
+
+    def scores(self) -> np.ndarray:
+        """Eq. 11."""
+        v = self.values()
+        if self.normalise:
+            std = v.std()
+            v = (v - v.mean()) / std if std > 1e-12 else np.zeros_like(v)
+        return v + self.ucb_c * np.sqrt(np.log1p(self.n.sum()) / (1.0 + self.n))
+
+    def propose(self, rng: np.random.Generator) -> np.ndarray:
+        """d candidate x values (one per chosen tile, uniform inside it)."""
+        scores = self.scores()
+        d = min(self.candidates, self.num_tiles)
+        if self.mode == "argmax":
+            order = rng.permutation(self.num_tiles)                 # ties broken at random
+            tiles = order[np.argsort(-scores[order], kind="stable")[:d]]
+        else:
+            p = np.exp(scores - scores.max())
+            tiles = rng.choice(self.num_tiles, size=d, replace=False, p=p / p.sum())
+        return self.low + (tiles + rng.random(d)) * self.acc
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "width": self.width, "lr": self.lr, "w": self.w.tolist(), "n": self.n.tolist()}
+
+    def load_dict(self, d: dict[str, Any]) -> None:
+        w, n = np.asarray(d["w"], float), np.asarray(d["n"], float)
+        if w.shape != self.w.shape or n.shape != self.n.shape:
+            raise ValueError(f"bandit snapshot has {w.shape[0]} tiles, the configuration {self.num_tiles}")
+        self.mode, self.width, self.lr, self.w, self.n = d["mode"], int(d["width"]), float(d["lr"]), w, n
+
+
+class BanditsVote:
+    """Algorithm 2's ensemble: M bandits with mode ~ U{argmax, random}, lr ~ U{0.05, 0.1, 0.2},
+    width ~ U{1, 2, 3}; x drawn uniformly among their candidates; all learn from every episode."""
+
+    def __init__(self, low: float, high: float, acc: float, bandits: int, candidates: int, ucb_c: float,
+                 normalise: bool, rng: np.random.Generator, learn: bool = True) -> None:
+        self.rng = rng
+        self.learn = learn
+        self.bandits = [TileBandit(mode=str(rng.choice(["argmax", "random"])), low=low, high=high, acc=acc,
+                                   width=int(rng.choice([1, 2, 3])), lr=float(rng.choice([0.05, 0.1, 0.2])),
+                                   candidates=candidates, ucb_c=ucb_c, normalise=normalise)
+                        for _ in range(bandits)]
+        self.episodes = 0
+
+    def select(self) -> float:
+        pool = np.concatenate([b.propose(self.rng) for b in self.bandits])
+        return float(pool[self.rng.integers(len(pool))])
+
+    def update(self, x: float, g: float) -> None:
+        """Every bandit learns (x, g); the `random` ablation of DiCE (learn=False) never does."""
+        self.update_tile(self.bandits[0].tile(x), g)
+
+    def update_tile(self, tile: int, g: float) -> None:
+        """The same, by tile (all bandits share the tiling, and eq. 10 depends on x only through i(x))."""
+        self.episodes += 1
+        if self.learn:
+            for b in self.bandits:
+                b.update_tile(tile, g)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bandits": [b.to_dict() for b in self.bandits], "episodes": self.episodes}
+
+    def load_dict(self, d: dict[str, Any]) -> None:
+        if len(d["bandits"]) != len(self.bandits):
+            raise ValueError("bandit snapshot has a different ensemble size than the configuration")
+        for b, bd in zip(self.bandits, d["bandits"], strict=True):
+            b.load_dict(bd)
+        self.episodes = int(d["episodes"])
+
+
+def inverse_temperature(x: float) -> float:
+    """lbc's tau (multiplying A) for DiCE's x = log(1 + 1/tau_DiCE): exp(x) - 1."""
+    return math.expm1(x)
+
+
+class BvaController:
+    """The bandit service's per-actor controller for DiCE (one policy): psi = (tau_1, omega_1 = 1).
+
+    Same interface as lbc.bandit.BehaviourController: select() gives a Choice whose arms are
+    (tile of x, 0); update(arms, g) teaches every bandit."""
+
+    def __init__(self, tau_range: tuple[float, float], accuracy: float, bandits: int, candidates: int,
+                 ucb_c: float, normalise: bool, learn: bool, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.names = ["tau_1", "omega_1"]
+        self.ensemble = BanditsVote(math.log1p(tau_range[0]), math.log1p(tau_range[1]), accuracy, bandits,
+                                    candidates, ucb_c, normalise, self.rng, learn=learn)
+        self.selections = np.zeros(self.ensemble.bandits[0].num_tiles, np.int64)
+
+    def select(self) -> Choice:
+        x = self.ensemble.select()
+        tile = self.ensemble.bandits[0].tile(x)
+        self.selections[tile] += 1
+        return Choice(arms=(tile, 0), tau=(inverse_temperature(x),), omega=(1.0,))
+
+    def update(self, arms: tuple[int, ...], episode_return: float) -> None:
+        self.ensemble.update_tile(arms[0], episode_return)
+
+    @property
+    def episodes(self) -> int:
+        return self.ensemble.episodes
+
+    def stats(self) -> list[dict[str, Any]]:
+        values = np.mean([b.values() for b in self.ensemble.bandits], axis=0)   # DiCE's evaluation: the average
+        return [{"name": "tau_1", "selections": self.selections.tolist(), "mean_return": values.tolist()},
+                {"name": "omega_1", "selections": [int(self.selections.sum())], "mean_return": [0.0]}]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ensemble": self.ensemble.to_dict(), "selections": self.selections.tolist(),
+                "rng": self.rng.bit_generator.state}
+
+    def load_dict(self, d: dict[str, Any]) -> None:
+        self.ensemble.load_dict(d["ensemble"])
+        self.selections = np.asarray(d["selections"], np.int64)
+        self.rng.bit_generator.state = d["rng"]

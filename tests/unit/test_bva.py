@@ -1,0 +1,92 @@
+"""DiCE's Bandits Vote Algorithm (lbc.bva) against hand-derived values of App. A eqs. 9-11."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from lbc.bva import BanditsVote, BvaController, TileBandit, inverse_temperature
+
+
+def bandit(mode: str = "argmax", width: int = 1, lr: float = 0.1, d: int = 2) -> TileBandit:
+    return TileBandit(mode=mode, low=0.0, high=1.0, acc=0.2, width=width, lr=lr, candidates=d)
+
+
+def test_tiles_clamp_at_both_ends() -> None:
+    b = bandit()
+    assert b.num_tiles == 5
+    assert [b.tile(x) for x in (-1.0, 0.0, 0.19, 0.2, 0.99, 1.0, 7.0)] == [0, 0, 0, 1, 4, 4, 4]
+
+
+def test_evaluate_is_the_window_mean_cut_at_the_edges() -> None:
+    b = bandit(width=1)
+    b.w = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    np.testing.assert_allclose(b.values(), [1.5, 2.0, 3.0, 4.0, 4.5])
+
+
+def test_update_moves_the_window_towards_the_return() -> None:
+    b = bandit(width=1, lr=0.1)
+    b.update(0.5, 10.0)                  # tile 2: V_2 = 0, so w_1..w_3 += 0.1 * 10
+    np.testing.assert_allclose(b.w, [0, 1, 1, 1, 0])
+    np.testing.assert_allclose(b.n, [0, 0, 1, 0, 0])
+    b.update(0.5, 10.0)                  # V_2 = 1: += 0.1 * 9
+    np.testing.assert_allclose(b.w, [0, 1.9, 1.9, 1.9, 0])
+
+
+def test_scores_by_hand() -> None:
+    b = bandit(width=0)
+    b.w = np.array([0.0, 1.0, 2.0, 3.0, 4.0])
+    b.n = np.array([1.0, 0.0, 0.0, 0.0, 3.0])
+    v = (b.w - 2.0) / np.sqrt(2.0)                     # mean 2, population std sqrt(2)
+    bonus = np.sqrt(math.log(1 + 4) / (1 + b.n))
+    np.testing.assert_allclose(b.scores(), v + bonus)
+
+
+def test_argmax_mode_proposes_the_top_tiles_inside_them() -> None:
+    b = bandit(mode="argmax", width=0, d=2)
+    b.w = np.array([0.0, 5.0, 1.0, 4.0, 2.0])
+    b.n = np.ones(5)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        xs = b.propose(rng)
+        assert sorted(b.tile(x) for x in xs) == [1, 3]
+
+
+def test_random_mode_draws_tiles_by_softmax_of_the_scores() -> None:
+    b = bandit(mode="random", width=0, d=1)
+    b.w = np.array([0.0, 1.0, 2.0, 3.0, 4.0])
+    b.n = np.full(5, 10.0)
+    rng = np.random.default_rng(1)
+    counts = np.bincount([b.tile(b.propose(rng)[0]) for _ in range(20000)], minlength=5)
+    p = np.exp(b.scores() - b.scores().max())
+    np.testing.assert_allclose(counts / counts.sum(), p / p.sum(), atol=0.01)
+
+
+def test_ensemble_finds_the_best_temperature_region_and_random_ablation_does_not_learn() -> None:
+    def episode_return(x: float) -> float:     # best around x = 2.5
+        return -abs(x - 2.5)
+
+    rng = np.random.default_rng(2)
+    ens = BanditsVote(0.0, math.log1p(50.0), 0.1, bandits=7, candidates=7, ucb_c=1.0, normalise=True, rng=rng)
+    for _ in range(1500):
+        x = ens.select()
+        ens.update(x, episode_return(x))
+    late = [ens.select() for _ in range(300)]
+    assert abs(np.median(late) - 2.5) < 0.5
+    frozen = BanditsVote(0.0, 3.0, 0.1, bandits=7, candidates=7, ucb_c=1.0, normalise=True,
+                         rng=np.random.default_rng(3), learn=False)
+    frozen.update(1.0, 5.0)
+    assert frozen.episodes == 1 and all(not b.w.any() and not b.n.any() for b in frozen.bandits)
+
+
+def test_controller_speaks_lbcs_inverse_temperature_and_round_trips() -> None:
+    assert inverse_temperature(math.log1p(50.0)) == pytest.approx(50.0)
+    ctl = BvaController((0.0, 50.0), 0.1, bandits=7, candidates=7, ucb_c=1.0, normalise=True, learn=True, seed=4)
+    choice = ctl.select()
+    assert choice.omega == (1.0,) and 0.0 <= choice.tau[0] <= 50.0 and choice.arms[1] == 0
+    ctl.update(choice.arms, 3.0)
+    other = BvaController((0.0, 50.0), 0.1, bandits=7, candidates=7, ucb_c=1.0, normalise=True, learn=True, seed=9)
+    other.load_dict(ctl.to_dict())
+    assert other.select() == ctl.select() and other.episodes == 1
