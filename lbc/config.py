@@ -287,6 +287,13 @@ _IMPALA: dict[str, Any] = {
     "env": {"num_envs": 16},
 }
 
+# LBC's ablations (section 5.3, Fig. 5 / Table 12), on the `cpu` sizing: reduce H (all three policy
+# models are h_1), reduce H and Psi (one policy, psi = tau), random behaviour selection (the bandits
+# never learn). docs/decisions.md 20.
+_LBC_REDUCE_H: dict[str, Any] = {**_CPU, "policies": [_LBC_POLICIES[0]] * 3}
+_LBC_REDUCE_H_PSI: dict[str, Any] = {**_CPU, "policies": [_LBC_POLICIES[0]]}
+_LBC_RANDOM: dict[str, Any] = {**_CPU, "bandit": {"learn": False}}
+
 # DiCE (P1 Table 5) sized like `cpu`: one policy (gamma 0.997, the asymmetric log reward shape = RS_2),
 # behaviour softmax(A / tau_DiCE) with 1/tau_DiCE on [0, 50] chosen per episode by the Bandits Vote
 # Algorithm (7 tile-coded bandits, 7 candidates, value normalisation, UCB 1.0), the target policy at the
@@ -333,6 +340,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper": _PAPER,
     "cpu": _CPU,
     "impala": _IMPALA,
+    "lbc-reduce-h": _LBC_REDUCE_H,
+    "lbc-reduce-h-psi": _LBC_REDUCE_H_PSI,
+    "lbc-random": _LBC_RANDOM,
     "dice": _DICE,
     "dice-fixed": _DICE_FIXED,
     "dice-random": _DICE_RANDOM,

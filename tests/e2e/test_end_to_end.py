@@ -69,7 +69,7 @@ def test_short_pong_run(tmp_path):
         assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
-@pytest.mark.parametrize("preset", ["dice"])
+@pytest.mark.parametrize("preset", ["dice", "dice-random", "lbc-reduce-h-psi", "lbc-random"])
 def test_preset_learns_catch(tmp_path, preset):
     """Other systems of the papers, on the same harness: Catch to near-optimal."""
     proc, records, _ = _launch(tmp_path, f"e2e-{preset}-catch", preset, "catch", 240, "--until-return", "0.9",

@@ -100,3 +100,17 @@ def test_controller_psi_and_snapshot_round_trip():
     clone = BehaviourController(seed=99, **kwargs)
     clone.load_dict(ctl.to_dict())
     assert [clone.select() for _ in range(5)] == [ctl.select() for _ in range(5)]
+
+
+def test_frozen_controller_draws_psi_uniformly_and_learns_nothing():
+    """LBC's random-selection ablation: bandits that never learn vote uniformly over the arms."""
+    tau = Discretisation(0.0, 1.0, 0.25)
+    ctl = BehaviourController(1, tau, Discretisation(0.0, 1.0, 0.5), population=7, c_range=(0.5, 1.5), top_d=4,
+                              replace_every=50, normalise=True, seed=0, learn=False)
+    counts = np.zeros(tau.num_arms)
+    for _ in range(4000):
+        choice = ctl.select()
+        counts[choice.arms[0]] += 1
+        ctl.update(choice.arms, float(choice.arms[0] == 3) * 10.0)   # arm 3 would be learned as best
+    np.testing.assert_allclose(counts / counts.sum(), 1 / tau.num_arms, atol=0.03)
+    assert ctl.episodes == 4000 and all(not p.counts.any() for p in ctl.populations)
