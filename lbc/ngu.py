@@ -1,0 +1,127 @@
+"""Never Give Up's (Badia et al. 2020) intrinsic reward and policy family, as pure pieces.
+
+- `mixture_family`: the N pairs (beta_j, gamma_j) of App. A.
+- `h`, `h_inverse`: the value rescaling of the transformed Retrace (App. E, Pohlen et al. 2018),
+  with the exact inverse (the printed eq. 17 misses a square; DESIGN §5.3).
+- `EpisodicMemory`: Algorithm 1's k-nearest-neighbour pseudo-count over an episode's embeddings.
+- `RunningMeanStd` and `lifelong_modulator`: RND's alpha_t = 1 + (err - mu_e) / sigma_e.
+- `intrinsic_reward`: eq. 1, r^i = r^episodic * min(max(alpha, 1), L).
+Wiring into the services (the embedding and RND networks, the j-conditioned network, the actor's
+memory per episode) is issue 4's remaining work.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def mixture_family(n: int, beta: float = 0.3, gamma_max: float = 0.997,
+                   gamma_min: float = 0.99) -> list[tuple[float, float]]:
+    """[(beta_j, gamma_j)] for j = 0..n-1 (App. A):
+        beta_0 = 0, beta_{n-1} = beta, else beta * sigmoid(10 (2j - (n-2)) / (n-2));
+        gamma_j = 1 - exp(((n-1-j) log(1 - gamma_max) + j log(1 - gamma_min)) / (n-1)).
+    """
+    if n < 2:
+        raise ValueError("the family needs at least two members")
+    out = []
+    for j in range(n):
+        if j == 0:
+            b = 0.0
+        elif j == n - 1:
+            b = beta
+        else:
+            b = beta / (1.0 + math.exp(-10.0 * (2 * j - (n - 2)) / (n - 2)))
+        g = 1.0 - math.exp(((n - 1 - j) * math.log(1 - gamma_max) + j * math.log(1 - gamma_min)) / (n - 1))
+        out.append((b, g))
+    return out
+
+
+def policy_index(actor: int, n: int) -> int:
+    """The fixed actor -> j assignment: j = actor mod N (the printed mod (N - 1) never uses j = N-1)."""
+    return actor % n
+
+
+def h(z: np.ndarray, eps: float = 1e-3) -> np.ndarray:
+    """h(z) = sign(z) (sqrt(|z| + 1) - 1) + eps z."""
+    return np.sign(z) * (np.sqrt(np.abs(z) + 1.0) - 1.0) + eps * z
+
+
+def h_inverse(z: np.ndarray, eps: float = 1e-3) -> np.ndarray:
+    """h^-1(z) = sign(z) (((sqrt(1 + 4 eps (|z| + 1 + eps)) - 1) / (2 eps))^2 - 1)."""
+    return np.sign(z) * (((np.sqrt(1.0 + 4.0 * eps * (np.abs(z) + 1.0 + eps)) - 1.0) / (2.0 * eps)) ** 2 - 1.0)
+
+
+class EpisodicMemory:
+    """Algorithm 1 over a ring buffer of embeddings, emptied at every episode start.
+
+    r^episodic_t = 0 if s > s_m else 1 / s, with s = sqrt(sum_i K(d_i)) + c over the k nearest
+    neighbours, K = eps / (max(d_i^2 / d_m^2 - xi, 0) + eps), and d_m^2 a running mean of the squared
+    k-nearest-neighbour distances kept across episodes. With fewer than k embeddings stored, the
+    missing neighbours count as infinitely far (K = 0); the first step of an episode, with an empty
+    memory, gets 0 (docs/decisions.md 21).
+    """
+
+    def __init__(self, capacity: int, dim: int, k: int = 10, kernel_eps: float = 1e-3, c: float = 1e-3,
+                 cluster_xi: float = 8e-3, max_similarity: float = 8.0) -> None:
+        self.capacity, self.k = capacity, k
+        self.kernel_eps, self.c, self.xi, self.s_max = kernel_eps, c, cluster_xi, max_similarity
+        self.slots = np.zeros((capacity, dim), np.float32)
+        self.size = 0
+        self.next = 0
+        self.mean_sq_dist = 0.0
+        self.mean_count = 0
+
+    def reset(self) -> None:
+        self.size, self.next = 0, 0
+
+    def reward(self, embedding: np.ndarray) -> float:
+        """Score f(x_t) against the memory (Alg. 1, steps 1-8), then store it."""
+        if self.size == 0:
+            self._add(embedding)
+            return 0.0
+        sq = ((self.slots[: self.size] - embedding) ** 2).sum(-1)
+        nearest = np.sort(sq)[: self.k]
+        for d in nearest:                                   # running mean of the k-NN squared distances
+            self.mean_count += 1
+            self.mean_sq_dist += (float(d) - self.mean_sq_dist) / self.mean_count
+        normalised = nearest / max(self.mean_sq_dist, 1e-12)
+        clustered = np.maximum(normalised - self.xi, 0.0)
+        kernel = self.kernel_eps / (clustered + self.kernel_eps)
+        s = math.sqrt(float(kernel.sum())) + self.c
+        self._add(embedding)
+        return 0.0 if s > self.s_max else 1.0 / s
+
+    def _add(self, embedding: np.ndarray) -> None:
+        self.slots[self.next] = embedding
+        self.next = (self.next + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+
+class RunningMeanStd:
+    """Mean and standard deviation of a stream (Welford), for RND's error normalisation."""
+
+    def __init__(self) -> None:
+        self.count, self.mean, self._m2 = 0, 0.0, 0.0
+
+    def update(self, values: np.ndarray) -> None:
+        for v in np.asarray(values, np.float64).ravel():
+            self.count += 1
+            delta = v - self.mean
+            self.mean += delta / self.count
+            self._m2 += delta * (v - self.mean)
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self._m2 / self.count) if self.count > 1 else 1.0
+
+
+def lifelong_modulator(err: np.ndarray, stats: RunningMeanStd) -> np.ndarray:
+    """alpha_t = 1 + (err(x_t) - mu_e) / sigma_e."""
+    return 1.0 + (np.asarray(err, np.float64) - stats.mean) / max(stats.std, 1e-8)
+
+
+def intrinsic_reward(episodic: np.ndarray, alpha: np.ndarray, max_modulation: float = 5.0) -> np.ndarray:
+    """Eq. 1: r^i_t = r^episodic_t * min(max(alpha_t, 1), L)."""
+    return np.asarray(episodic) * np.clip(alpha, 1.0, max_modulation)
