@@ -11,6 +11,7 @@ return; every T_replace episodes one bandit, chosen uniformly, is re-initialised
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,3 +183,38 @@ class BehaviourController:
         for pop, pd in zip(self.populations, d["populations"], strict=True):
             pop.load_dict(pd)
         self.rng.bit_generator.state = d["rng"]
+
+
+class SlidingWindowUCB:
+    """Agent57's meta-controller over the policy index j (Badia et al. 2020a, App. D):
+
+        j_k = argmax_j  mu(j, tau) + beta * sqrt(1 / N(j, tau))     with probability 1 - eps,
+              uniform                                                 with probability eps,
+
+    where N(j, tau) and mu(j, tau) are the count and mean return of arm j over the last tau episodes
+    (all arms' episodes together). Arms not played in the window are played first, in order.
+    Agent57's values: tau = 160, beta = 1, eps = 0.5.
+    """
+
+    def __init__(self, num_arms: int, window: int = 160, beta: float = 1.0, epsilon: float = 0.5) -> None:
+        self.num_arms, self.window, self.beta, self.epsilon = num_arms, window, beta, epsilon
+        self.history: deque[tuple[int, float]] = deque(maxlen=window)
+
+    def stats(self) -> tuple[np.ndarray, np.ndarray]:
+        counts, sums = np.zeros(self.num_arms), np.zeros(self.num_arms)
+        for arm, g in self.history:
+            counts[arm] += 1
+            sums[arm] += g
+        return counts, sums
+
+    def select(self, rng: np.random.Generator) -> int:
+        counts, sums = self.stats()
+        unplayed = np.flatnonzero(counts == 0)
+        if len(unplayed):
+            return int(unplayed[0])
+        if rng.random() < self.epsilon:
+            return int(rng.integers(self.num_arms))
+        return int(np.argmax(sums / counts + self.beta * np.sqrt(1.0 / counts)))
+
+    def update(self, arm: int, episode_return: float) -> None:
+        self.history.append((arm, float(episode_return)))

@@ -5,7 +5,15 @@ import math
 import numpy as np
 import pytest
 
-from lbc.bandit import BanditPopulation, BehaviourController, Discretisation, top_d, ucb_scores, vote
+from lbc.bandit import (
+    BanditPopulation,
+    BehaviourController,
+    Discretisation,
+    SlidingWindowUCB,
+    top_d,
+    ucb_scores,
+    vote,
+)
 
 
 def test_vote_on_lbc_example_2_picks_arm_1():
@@ -114,3 +122,35 @@ def test_frozen_controller_draws_psi_uniformly_and_learns_nothing():
         ctl.update(choice.arms, float(choice.arms[0] == 3) * 10.0)   # arm 3 would be learned as best
     np.testing.assert_allclose(counts / counts.sum(), 1 / tau.num_arms, atol=0.03)
     assert ctl.episodes == 4000 and all(not p.counts.any() for p in ctl.populations)
+
+
+def test_sliding_window_ucb_by_hand():
+    sw = SlidingWindowUCB(num_arms=3, window=4, beta=1.0, epsilon=0.0)
+    rng = np.random.default_rng(0)
+    played = []
+    for g in (1.0, 5.0, 2.0):               # unplayed arms first, in order
+        arm = sw.select(rng)
+        played.append(arm)
+        sw.update(arm, g)
+    assert played == [0, 1, 2]
+    # window holds (0,1), (1,5), (2,2): scores 1 + 1, 5 + 1, 2 + 1 -> arm 1
+    assert sw.select(rng) == 1
+    sw.update(1, 5.0)
+    sw.update(1, -20.0)                     # window of 4 drops (0, 1): (1,5) (2,2) (1,5) (1,-20)
+    counts, sums = sw.stats()
+    np.testing.assert_array_equal(counts, [0, 3, 1])
+    assert sw.select(rng) == 0              # arm 0 left the window: played first again
+    sw.update(0, 0.0)                       # drops the first (1, 5): (2,2) (1,5) (1,-20) (0,0)
+    counts, sums = sw.stats()
+    np.testing.assert_array_equal(counts, [1, 2, 1])
+    # scores: arm 0: 0 + 1; arm 1: -7.5 + sqrt(1/2); arm 2: 2 + 1
+    assert sw.select(rng) == 2
+
+
+def test_sliding_window_ucb_explores_uniformly_with_probability_epsilon():
+    sw = SlidingWindowUCB(num_arms=4, window=100, beta=0.0, epsilon=0.5)
+    for arm, g in ((0, 10.0), (1, 0.0), (2, 0.0), (3, 0.0)):
+        sw.update(arm, g)
+    rng = np.random.default_rng(1)
+    picks = np.bincount([sw.select(rng) for _ in range(8000)], minlength=4) / 8000
+    np.testing.assert_allclose(picks, [0.5 + 0.125, 0.125, 0.125, 0.125], atol=0.02)
