@@ -127,6 +127,9 @@ class LearnerConfig(_Section):
     rho_bar: float = Field(1.05, gt=0.0)
     c_bar: float = Field(1.05, gt=0.0)
     trace_lambda: float = Field(1.0, ge=0.0, le=1.0)
+    loss_reduction: Literal["mean", "sum"] = Field(
+        "mean", description="losses averaged or summed over time and batch (IMPALA's code sums; its RMSProp "
+                            "eps of 0.01 assumes summed gradients)")
     target_policy: Literal["softmax", "behaviour_temperature"] = Field(
         "softmax", description="pi_i = softmax(A_i) (LBC as printed) or softmax(tau_i A_i) with the episode's tau_i")
     min_target_tau: float = Field(0.05, gt=0.0, description="floor on tau_i in the target policy")
@@ -282,8 +285,9 @@ _IMPALA: dict[str, Any] = {
     "replay": {"replay_ratio": 1.0, "capacity_sequences": 500, "min_sequences": 32},
     "learner": {"batch_size": 32, "optimiser": "rmsprop", "learning_rate": 6e-4, "warmup_steps": 0,
                 "anneal_steps": 200_000, "weight_decay": 0.0, "rmsprop_decay": 0.99, "rmsprop_eps": 0.01,
-                "rmsprop_momentum": 0.0, "v_loss_scale": 0.5, "q_loss_scale": 0.0, "pi_loss_scale": 1.0,
-                "entropy_cost": 0.01, "rho_bar": 1.0, "c_bar": 1.0, "clip_norm": 40.0, "threads": 2},
+                "rmsprop_momentum": 0.0, "loss_reduction": "sum", "v_loss_scale": 0.5, "q_loss_scale": 0.0,
+                "pi_loss_scale": 1.0, "entropy_cost": 0.01, "rho_bar": 1.0, "c_bar": 1.0, "clip_norm": 40.0,
+                "threads": 2},
     "env": {"num_envs": 16},
 }
 

@@ -120,6 +120,8 @@ class Trainer:
                                "entropy": loss.entropy.item()})
             priorities = torch.maximum(priorities, eta * loss.abs_td.max(0).values + (1 - eta) * loss.abs_td.mean(0))
 
+        if lc.loss_reduction == "sum":
+            total = total * (actions.shape[0] * actions.shape[1])   # every term is a mean over [T, B]
         self.optimiser.zero_grad(set_to_none=True)
         total.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), lc.clip_norm)

@@ -84,3 +84,18 @@ def test_impala_preset_uses_the_papers_rmsprop_and_fits_a_batch():
     for _ in range(60):
         last = trainer.train_step(batch)
     assert last.per_policy[0]["v"] < 0.75 * first.per_policy[0]["v"]
+
+
+def test_summed_losses_scale_the_gradient_by_time_and_batch():
+    """IMPALA sums its losses over [T, B]; the summed gradient is T * B times the averaged one."""
+    base = ["learner.warmup_steps=0", "learner.clip_norm=1e9"]
+    mean_cfg = load_config("catch", base)
+    sum_cfg = load_config("catch", [*base, "learner.loss_reduction=sum"])
+    batch = _batch(mean_cfg, np.random.default_rng(2))
+    grads = []
+    for cfg in (mean_cfg, sum_cfg):
+        trainer = Trainer(cfg)
+        trainer.train_step(batch)
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]))
+    elements = mean_cfg.sequence.length * mean_cfg.learner.batch_size
+    torch.testing.assert_close(grads[1], grads[0] * elements, rtol=1e-4, atol=1e-6)
