@@ -37,6 +37,8 @@ RETURN_LAST = Gauge("lbc_actor_episode_return", "Return of the last finished epi
 RETURN_MEAN = Gauge("lbc_actor_return_mean100", "Mean return of the last 100 episodes")
 RETURN_COUNT = Gauge("lbc_actor_return_window", "Episodes in the return window (up to 100)")
 HNS_MEAN = Gauge("lbc_actor_hns_mean100", "Human-normalised score of the mean return of the last 100 episodes")
+# A recurrent core whose cell state runs away saturates tanh(c): no gradient reaches the torso.
+LSTM_CELL = Gauge("lbc_actor_lstm_cell_abs_mean", "Mean |c| of the actors' LSTM cell state (saturation watch)")
 INFER_SECONDS = Counter("lbc_actor_inference_seconds_total", "Seconds in the network forward pass")
 ENV_SECONDS = Counter("lbc_actor_env_seconds_total", "Seconds stepping the environments")
 
@@ -149,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         steps += 1
         STEPS.inc(num_envs)
         FRAMES.inc(num_envs * frame_skip)
+        if steps % 100 == 0:
+            LSTM_CELL.set(float(state[1].abs().mean()))
         if time.monotonic() - last_log > 30:
             last_log = time.monotonic()
             mean = float(np.mean(recent)) if recent else float("nan")

@@ -50,6 +50,7 @@ class NetConfig(_Section):
     torso: Literal["small", "deep", "mlp"] = "small"
     hidden: int = Field(256, ge=8)
     lstm: int = Field(256, ge=8)
+    core_input_norm: bool = Field(False, description="LayerNorm on the LSTM's input (keeps the core from saturating)")
 
 
 class BehaviourConfig(_Section):

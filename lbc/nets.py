@@ -89,7 +89,7 @@ class LBCNet(nn.Module):
     """Torso -> LSTM core (input: features, one-hot previous action, clipped previous reward) -> N heads."""
 
     def __init__(self, torso: str, obs_shape: tuple[int, ...], num_actions: int, num_policies: int,
-                 hidden: int = 256, lstm: int = 256) -> None:
+                 hidden: int = 256, lstm: int = 256, core_input_norm: bool = False) -> None:
         super().__init__()
         self.num_actions = num_actions
         self.num_policies = num_policies
@@ -102,6 +102,10 @@ class LBCNet(nn.Module):
             self.torso = MlpTorso(obs_shape, hidden)
         else:
             raise ValueError(f"unknown torso {torso!r}")
+        # LayerNorm on the core's input keeps its pre-activations centred: without it, Adam's equal-size
+        # steps on every weight of a wide, all-positive (ReLU) input saturate the gates within a few
+        # hundred steps on Pong, and the cell state becomes a counter that passes no gradient.
+        self.core_norm: nn.Module = nn.LayerNorm(hidden + num_actions + 1) if core_input_norm else nn.Identity()
         self.core = nn.LSTMCell(hidden + num_actions + 1, lstm)
         self.heads = nn.Linear(lstm, num_policies * (num_actions + 1))
 
@@ -130,7 +134,8 @@ class LBCNet(nn.Module):
         x = obs.reshape(steps * batch, *obs.shape[2:]).float().div_(255.0)
         feats = self.torso(x).view(steps, batch, -1)
         one_hot = nn.functional.one_hot(prev_action, self.num_actions).to(feats.dtype)
-        core_in = torch.cat([feats, one_hot, prev_reward.clamp(-1.0, 1.0).unsqueeze(-1).to(feats.dtype)], -1)
+        core_in = self.core_norm(
+            torch.cat([feats, one_hot, prev_reward.clamp(-1.0, 1.0).unsqueeze(-1).to(feats.dtype)], -1))
         keep = (~reset).to(feats.dtype).unsqueeze(-1)
         h, c = state
         outs = []
@@ -146,4 +151,5 @@ class LBCNet(nn.Module):
 
 def build_net(cfg, obs_shape: tuple[int, ...], num_actions: int) -> LBCNet:
     """The network the configuration describes (cfg: lbc.config.Config)."""
-    return LBCNet(cfg.net.torso, obs_shape, num_actions, cfg.num_policies, cfg.net.hidden, cfg.net.lstm)
+    return LBCNet(cfg.net.torso, obs_shape, num_actions, cfg.num_policies, cfg.net.hidden, cfg.net.lstm,
+                  cfg.net.core_input_norm)
