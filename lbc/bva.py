@@ -54,8 +54,11 @@ class TileBandit:
         return slice(max(0, i - self.width), min(self.num_tiles, i + self.width + 1))
 
     def values(self) -> np.ndarray:
-        """V_i for every tile (eq. 9)."""
-        return np.array([self.w[self._window(i)].mean() for i in range(self.num_tiles)])
+        """V_i for every tile (eq. 9), as differences of a cumulative sum."""
+        cum = np.concatenate([[0.0], np.cumsum(self.w)])
+        tiles = np.arange(self.num_tiles)
+        lo, hi = np.maximum(0, tiles - self.width), np.minimum(self.num_tiles, tiles + self.width + 1)
+        return (cum[hi] - cum[lo]) / (hi - lo)
 
     def update(self, x: float, g: float) -> None:
         """Eq. 10 for one episode played at x with return g."""

@@ -2,6 +2,7 @@
 batches come back with the right layout, and the replay ratio is held."""
 
 import numpy as np
+import pytest
 import zmq
 
 from lbc import codec
@@ -23,20 +24,30 @@ def _sequence(cfg, rng):
 BASE = ["replay.min_sequences=32", "replay.replay_ratio=2.0", "replay.ratio_tolerance=40", "learner.batch_size=8"]
 
 
-def _start_replay(tmp_path, extra):
-    """A replay_svc process on fresh ports, healthy, and a PUSH socket into it."""
-    overrides = endpoint_overrides(tmp_path / "run") + BASE + extra
-    o = overrides_dict(overrides)
-    svc = Service("replay_svc", "catch", overrides, tmp_path).start()
-    wait_healthy(o["endpoints.replay_health"])
-    push = zmq.Context.instance().socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 0)
-    push.connect(o["endpoints.replay_ingest"])
-    return load_config("catch", overrides), o, svc, int(o["endpoints.replay_metrics"]), push
+@pytest.fixture()
+def start_replay(tmp_path):
+    """Starts a replay_svc process on fresh ports (healthy, with a PUSH socket into it); whatever the
+    test's outcome, the process is gone afterwards."""
+    started = []
+
+    def start(extra):
+        overrides = endpoint_overrides(tmp_path / "run") + BASE + extra
+        o = overrides_dict(overrides)
+        svc = Service("replay_svc", "catch", overrides, tmp_path).start()
+        started.append(svc)
+        wait_healthy(o["endpoints.replay_health"])
+        push = zmq.Context.instance().socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.connect(o["endpoints.replay_ingest"])
+        return load_config("catch", overrides), o, svc, int(o["endpoints.replay_metrics"]), push
+
+    yield start
+    for svc in started:
+        svc.kill()
 
 
-def test_rejects_bad_messages_serves_batches_and_holds_ratio(tmp_path):
-    cfg, o, svc, port, push = _start_replay(tmp_path, ["replay.max_message_bytes=200000"])
+def test_rejects_bad_messages_serves_batches_and_holds_ratio(start_replay):
+    cfg, o, svc, port, push = start_replay(["replay.max_message_bytes=200000"])
     ctx = zmq.Context.instance()
     rng = np.random.default_rng(0)
     good = _sequence(cfg, rng)
@@ -82,9 +93,9 @@ def test_rejects_bad_messages_serves_batches_and_holds_ratio(tmp_path):
     assert svc.stop() == 0, svc.log()
 
 
-def test_prioritised_replay_follows_the_learners_priorities(tmp_path):
-    cfg, o, svc, port, push = _start_replay(tmp_path, ["replay.prioritised=true", "replay.priority_exponent=1.0",
-                                                       "replay.importance_exponent=1.0"])
+def test_prioritised_replay_follows_the_learners_priorities(start_replay):
+    cfg, o, svc, port, push = start_replay(["replay.prioritised=true", "replay.priority_exponent=1.0",
+                                            "replay.importance_exponent=1.0"])
     ctx = zmq.Context.instance()
     rng = np.random.default_rng(0)
     for version in range(48):   # all fit before the limiter asks for samples (2 x (48 - 32) <= 40)
