@@ -32,6 +32,8 @@ proto: $(PROTO_OUT)
 $(PROTO_OUT): proto/lbcproto/lbc.proto $(STAMP)
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/lbcproto/lbc.proto
 	touch lbcproto/__init__.py
+	# the editable install maps only packages that existed when it ran: map the generated one too
+	$(PY) -m pip install -q --no-deps -e .
 
 run: install
 	$(PY) -m lbc.launch --preset $(PRESET) --game $(GAME) --actors $(ACTORS) --name $(NAME) $(ARGS)
