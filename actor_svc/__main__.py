@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     prev_reward = np.zeros(num_envs, np.float32)
     reset = np.ones(num_envs, bool)
     episode: list[EpisodeBehaviour] = [behaviours.next() for _ in range(num_envs)]
-    tau = torch.tensor([b.tau for b in episode], dtype=torch.float32)
-    omega = torch.tensor([b.omega for b in episode], dtype=torch.float32)
-    psi = torch.cat([tau, omega], 1).numpy()     # recorded with every step; changes only at episode ends
+    # psi per environment, recorded with every step; tau and omega are views of it for the forward pass
+    psi = np.array([np.concatenate([b.tau, b.omega]) for b in episode], dtype=np.float32)
+    tau, omega = torch.from_numpy(psi[:, :n]), torch.from_numpy(psi[:, n:])
     ep_return = np.zeros(num_envs)
     recent: deque[float] = deque(maxlen=100)
     episodes = 0
@@ -133,13 +133,11 @@ def main(argv: list[str] | None = None) -> int:
             behaviours.report(episode[e].episode_id, float(ep_return[e]))
             ep_return[e] = 0.0
             episode[e] = behaviours.next()
-            tau[e] = torch.tensor(episode[e].tau)
-            omega[e] = torch.tensor(episode[e].omega)
             psi[e] = np.concatenate([episode[e].tau, episode[e].omega])
         if result.done.any():
             RETURN_MEAN.set(float(np.mean(recent)))
             RETURN_COUNT.set(len(recent))
-            hns = human_normalised(cfg.env.game, float(np.mean(recent))) if cfg.env.kind == "atari" else None
+            hns = human_normalised(cfg.env.game, float(np.mean(recent)))   # None outside the Atari table
             if hns is not None:
                 HNS_MEAN.set(hns)
 
