@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     puller = ParamPuller(cfg, actor_id, net)
     behaviours = BehaviourSource(cfg, actor_id)
     sender = SequenceSender(cfg, actor_id, stop)
-    n = cfg.num_policies
+    n = cfg.num_components
+    heads = torch.tensor(cfg.components)
     builder = SequenceBuilder(num_envs, cfg.sequence.burn_in, cfg.sequence.length, spec.obs_shape,
                               cfg.net.lstm, 2 * n)
     server, health = grpc_server(f"[::]:{cfg.endpoints.actor_health_base + args.index}", workers=2)
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             out = net(torch.from_numpy(obs)[None], torch.from_numpy(prev_action)[None],
                       torch.from_numpy(prev_reward)[None], torch.from_numpy(reset)[None], state)
-            probs = behaviour_probs(cfg.behaviour.family, out.adv[0], tau, omega)
+            probs = behaviour_probs(cfg.behaviour.family, out.adv[0][:, heads], tau, omega)
             actions, mu = sample_actions(probs, generator)
         t1 = time.perf_counter()
         action_np = actions.numpy()

@@ -8,6 +8,7 @@ actor waits on send (backpressure). All retry with backoff and pick up when the 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -72,10 +73,22 @@ class EpisodeBehaviour:
     omega: list[float]
 
 
+def check_behaviour(tau: list[float], omega: list[float], components: int) -> str:
+    """Why a psi from the network cannot be used ('' if it can): K tau >= 0 and K weights >= 0 summing to 1."""
+    if len(tau) != components or len(omega) != components:
+        return f"{len(tau)} tau and {len(omega)} omega for {components} behaviour components"
+    if not all(math.isfinite(v) and v >= 0.0 for v in (*tau, *omega)):
+        return "tau and omega must be finite and non-negative"
+    if abs(sum(omega) - 1.0) > 1e-4:
+        return f"omega sums to {sum(omega):.6f}, not 1"
+    return ""
+
+
 class BehaviourSource:
     def __init__(self, cfg: Config, actor_id: str) -> None:
         self.actor_id = actor_id
-        n = cfg.num_policies
+        n = cfg.num_components
+        self.num_components = n
         self.default = EpisodeBehaviour("", [cfg.behaviour.fixed_tau] * n, [1.0 / n] * n)
         self.client = BanditClient(cfg.endpoints.bandit, min(cfg.endpoints.rpc_timeout_s, 1.0)) \
             if cfg.behaviour.controlled else None
@@ -102,6 +115,11 @@ class BehaviourSource:
             FALLBACKS.inc()
             return self.default
         self._delay = 0.5
+        problem = check_behaviour(list(b.tau), list(b.omega), self.num_components)
+        if problem:
+            log.error("bandit answered an invalid psi (%s); default psi for this episode", problem)
+            FALLBACKS.inc()
+            return self.default
         return EpisodeBehaviour(b.episode_id, list(b.tau), list(b.omega))
 
     def report(self, episode_id: str, episode_return: float) -> None:

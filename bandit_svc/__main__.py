@@ -35,8 +35,7 @@ SNAPSHOTS = Counter("lbc_bandit_snapshots_total", "State snapshots written")
 class BanditServicer(lbc_pb2_grpc.BanditServiceServicer):
     def __init__(self, state: BanditState) -> None:
         self.state = state
-        n = state.cfg.num_policies
-        self.names = [f"tau_{i + 1}" for i in range(n)] + [f"omega_{i + 1}" for i in range(n)]
+        self.names = state.dimension_names
 
     def SelectBehavior(self, request: lbc_pb2.SelectRequest, context: grpc.ServicerContext) -> lbc_pb2.Behavior:
         if not request.actor_id or len(request.actor_id) > 128:
@@ -92,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     set_serving(health, ["lbc.v1.BanditService"])
     start_metrics(cfg.endpoints.bandit_metrics)
-    log.info("bandit up on %s: %d policies, tau arms %d, omega arms %d, population %d, top-D %d",
-             cfg.endpoints.bandit, cfg.num_policies, state.tau_dim.num_arms, state.omega_dim.num_arms,
+    log.info("bandit up on %s: %s over %s, %d behaviour components, population %d, top-D %d",
+             cfg.endpoints.bandit, cfg.bandit.algorithm, ", ".join(state.dimension_names), cfg.num_components,
              cfg.bandit.population, cfg.bandit.top_d)
 
     while not stop.wait(cfg.bandit.snapshot_every_s):

@@ -15,7 +15,7 @@ from lbc.bandit import BehaviourController, Choice, Discretisation
 from lbc.bva import BvaController
 from lbc.config import Config
 
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2   # 2: BVA controllers hold one ensemble per dimension
 MAX_PENDING_PER_ACTOR = 4096
 
 
@@ -33,17 +33,22 @@ class BanditState:
         self.controllers: dict[str, BehaviourController | BvaController] = {}
         self.pending: dict[str, OrderedDict[str, tuple[int, ...]]] = {}
         self.next_episode: dict[str, int] = {}
+        k = cfg.num_components
+        self.dimension_names = BvaController.dimension_names(k) if cfg.bandit.algorithm == "bva" else \
+            BehaviourController.dimension_names(k)
 
     def _controller(self, actor_id: str) -> BehaviourController | BvaController:
         if actor_id not in self.controllers:
             bc, b = self.cfg.bandit, self.cfg.behaviour
             seed = bc.seed * 1_000_003 + zlib.crc32(actor_id.encode())
             if bc.algorithm == "bva":
-                self.controllers[actor_id] = BvaController(b.tau_range, bc.bva_accuracy, bc.population, bc.top_d,
-                                                           bc.bva_ucb_c, bc.normalise_values, bc.learn, seed)
+                self.controllers[actor_id] = BvaController(
+                    b.tau_range, bc.bva_accuracy, bc.population, bc.top_d, bc.bva_ucb_c, bc.normalise_values,
+                    bc.learn, seed, components=self.cfg.num_components, widths=bc.bva_widths,
+                    epsilon_accuracy=bc.bva_epsilon_accuracy)
             else:
                 self.controllers[actor_id] = BehaviourController(
-                    self.cfg.num_policies, self.tau_dim, self.omega_dim, bc.population, bc.c_range, bc.top_d,
+                    self.cfg.num_components, self.tau_dim, self.omega_dim, bc.population, bc.c_range, bc.top_d,
                     bc.replace_every, bc.normalise_values, seed, learn=bc.learn)
             self.pending[actor_id] = OrderedDict()
             self.next_episode[actor_id] = 0
@@ -91,14 +96,14 @@ class BanditState:
                                for aid, ctl in self.controllers.items()}}
 
     def _layout(self) -> dict[str, Any]:
-        return {"policies": self.cfg.num_policies, "tau_arms": self.tau_dim.num_arms,
+        return {"components": self.cfg.num_components, "tau_arms": self.tau_dim.num_arms,
                 "omega_arms": self.omega_dim.num_arms, "population": self.cfg.bandit.population,
                 "algorithm": self.cfg.bandit.algorithm}
 
     def load_dict(self, d: dict[str, Any]) -> None:
         if d.get("format") != SNAPSHOT_FORMAT:
             raise ValueError(f"snapshot format {d.get('format')}, expected {SNAPSHOT_FORMAT}")
-        if {"algorithm": "population_ucb", **d.get("layout", {})} != self._layout():   # older snapshots: no algorithm
+        if d.get("layout") != self._layout():
             raise ValueError(f"snapshot layout {d.get('layout')} differs from the configured {self._layout()}")
         with self.lock:
             for aid, a in d["actors"].items():

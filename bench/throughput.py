@@ -55,7 +55,8 @@ def inference_rate(cfg: Config, seconds: float) -> float:
     envs.close()
     spec = envs.spec
     net = build_net(cfg, spec.obs_shape, spec.num_actions).eval()
-    b, n = cfg.env.num_envs, cfg.num_policies
+    b, n = cfg.env.num_envs, cfg.num_components
+    heads = torch.tensor(cfg.components)
     state = net.initial_state(b)
     prev_a, prev_r = torch.zeros(1, b, dtype=torch.long), torch.zeros(1, b)
     reset = torch.zeros(1, b, dtype=torch.bool)
@@ -64,7 +65,7 @@ def inference_rate(cfg: Config, seconds: float) -> float:
     with torch.no_grad():
         while time.perf_counter() - start < seconds:
             out = net(obs, prev_a, prev_r, reset, state)
-            sample_actions(behaviour_probs(cfg.behaviour.family, out.adv[0], tau, omega))
+            sample_actions(behaviour_probs(cfg.behaviour.family, out.adv[0][:, heads], tau, omega))
             state = out.state
             samples += b
     return samples / (time.perf_counter() - start)
@@ -85,7 +86,8 @@ def learner_rate(cfg: Config, seconds: float) -> float:
         else:
             batch[name] = np.zeros(full, np.float32)
     batch["behaviour_prob"][:] = 0.3
-    trainer = Trainer(cfg)
+    # one core: the batch is not split across threads
+    trainer = Trainer(cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"split_batch": 1})}))
     trainer.train_step(batch)
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:

@@ -144,9 +144,13 @@ class BehaviourController:
         self.learn = learn   # False: psi drawn by untrained bandits, i.e. uniformly (LBC's "random" ablation)
         self.rng = np.random.default_rng(seed)
         self.dims = [tau] * num_policies + [omega] * num_policies
-        self.names = [f"tau_{i + 1}" for i in range(num_policies)] + [f"omega_{i + 1}" for i in range(num_policies)]
+        self.names = self.dimension_names(num_policies)
         self.populations = [BanditPopulation(d.num_arms, population, c_range, top_d, replace_every,
                                              normalise, self.rng) for d in self.dims]
+
+    @staticmethod
+    def dimension_names(num_policies: int) -> list[str]:
+        return [f"tau_{i + 1}" for i in range(num_policies)] + [f"omega_{i + 1}" for i in range(num_policies)]
 
     def select(self) -> Choice:
         arms = tuple(p.select(self.rng) for p in self.populations)

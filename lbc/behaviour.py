@@ -2,6 +2,11 @@
 
 LBC eq. (10) / (18): mu_psi(a|s) = sum_i omega_i * softmax(tau_i * A_i(s, .))(a), psi = (tau, omega).
 LBC App. D eq. (17): the epsilon-greedy family, mu = sum_i omega_i * eps_i-greedy(A_i).
+
+The mixture runs over behaviour *components*; component k uses policy head `heads[k]`. LBC has one
+component per policy. GDI (App. F eq. 10, 12) has two, mu = eps softmax(A_1/tau_1) + (1 - eps)
+softmax(A_2/tau_2), i.e. tau = (1/tau_1, 1/tau_2) and omega = (eps, 1 - eps), on one head twice
+(GDI-I3) or on two heads (GDI-H3).
 """
 
 from __future__ import annotations
@@ -17,6 +22,14 @@ def boltzmann_mixture(adv: torch.Tensor, tau: torch.Tensor, omega: torch.Tensor)
     """
     per_policy = torch.softmax(tau.unsqueeze(-1) * adv, dim=-1)
     return (omega.unsqueeze(-1) * per_policy).sum(dim=-2)
+
+
+def log_boltzmann_mixture(adv: torch.Tensor, tau: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """log mu(a) of boltzmann_mixture, computed as logsumexp_i(log omega_i + log_softmax(tau_i A_i)) so
+    that it stays finite and differentiable where a component's probability underflows; a zero
+    weight omega_i drops its component. The learner's target policy for GDI (App. F eq. 10, 12)."""
+    log_components = torch.log_softmax(tau.unsqueeze(-1) * adv, dim=-1)
+    return torch.logsumexp(torch.log(omega).unsqueeze(-1) + log_components, dim=-2)
 
 
 def epsilon_greedy_mixture(adv: torch.Tensor, epsilon: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:

@@ -104,11 +104,12 @@ class BanditsVote:
     width ~ U{1, 2, 3}; x drawn uniformly among their candidates; all learn from every episode."""
 
     def __init__(self, low: float, high: float, acc: float, bandits: int, candidates: int, ucb_c: float,
-                 normalise: bool, rng: np.random.Generator, learn: bool = True) -> None:
+                 normalise: bool, rng: np.random.Generator, learn: bool = True,
+                 widths: tuple[int, ...] = (1, 2, 3)) -> None:
         self.rng = rng
         self.learn = learn
         self.bandits = [TileBandit(mode=str(rng.choice(["argmax", "random"])), low=low, high=high, acc=acc,
-                                   width=int(rng.choice([1, 2, 3])), lr=float(rng.choice([0.05, 0.1, 0.2])),
+                                   width=int(rng.choice(widths)), lr=float(rng.choice([0.05, 0.1, 0.2])),
                                    candidates=candidates, ucb_c=ucb_c, normalise=normalise)
                         for _ in range(bandits)]
         self.episodes = 0
@@ -145,42 +146,70 @@ def inverse_temperature(x: float) -> float:
 
 
 class BvaController:
-    """The bandit service's per-actor controller for DiCE (one policy): psi = (tau_1, omega_1 = 1).
+    """The bandit service's per-actor controller over BVA ensembles, one per dimension of the search.
 
-    Same interface as lbc.bandit.BehaviourController: select() gives a Choice whose arms are
-    (tile of x, 0); update(arms, g) teaches every bandit."""
+    DiCE (one component): x = log(1 + 1/tau_DiCE), psi = (tau_1 = exp(x) - 1, omega_1 = 1).
+    GDI (two components, App. G): x_1, x_2 as DiCE's for 1/tau_1, 1/tau_2 and x_3 = eps on [0, 1],
+    psi = (tau_1, tau_2, omega = (eps, 1 - eps)). Each dimension has its own ensemble and all learn
+    from every episode's return (docs/decisions.md 25).
+
+    Same interface as lbc.bandit.BehaviourController: select() gives a Choice whose arms are the tiles
+    chosen per dimension; update(arms, g) teaches every bandit."""
 
     def __init__(self, tau_range: tuple[float, float], accuracy: float, bandits: int, candidates: int,
-                 ucb_c: float, normalise: bool, learn: bool, seed: int) -> None:
+                 ucb_c: float, normalise: bool, learn: bool, seed: int, components: int = 1,
+                 widths: tuple[int, ...] = (1, 2, 3), epsilon_accuracy: float = 0.1) -> None:
+        if components not in (1, 2):
+            raise ValueError(f"the BVA controls one (DiCE) or two (GDI) behaviour components, not {components}")
         self.rng = np.random.default_rng(seed)
-        self.names = ["tau_1", "omega_1"]
-        self.ensemble = BanditsVote(math.log1p(tau_range[0]), math.log1p(tau_range[1]), accuracy, bandits,
-                                    candidates, ucb_c, normalise, self.rng, learn=learn)
-        self.selections = np.zeros(self.ensemble.bandits[0].num_tiles, np.int64)
+        self.components = components
+        self.names = self.dimension_names(components)
+        x_range = (math.log1p(tau_range[0]), math.log1p(tau_range[1]), accuracy)
+        ranges = [x_range] * components + ([(0.0, 1.0, epsilon_accuracy)] if components == 2 else [])
+        self.ensembles = [BanditsVote(lo, hi, acc, bandits, candidates, ucb_c, normalise, self.rng, learn=learn,
+                                      widths=widths) for lo, hi, acc in ranges]
+        self.selections = [np.zeros(e.bandits[0].num_tiles, np.int64) for e in self.ensembles]
+
+    @staticmethod
+    def dimension_names(components: int) -> list[str]:
+        return ["tau_1", "omega_1"] if components == 1 else ["tau_1", "tau_2", "epsilon"]
 
     def select(self) -> Choice:
-        x = self.ensemble.select()
-        tile = self.ensemble.bandits[0].tile(x)
-        self.selections[tile] += 1
-        return Choice(arms=(tile, 0), tau=(inverse_temperature(x),), omega=(1.0,))
+        xs = [e.select() for e in self.ensembles]
+        tiles = [e.bandits[0].tile(x) for e, x in zip(self.ensembles, xs, strict=True)]
+        for sel, tile in zip(self.selections, tiles, strict=True):
+            sel[tile] += 1
+        tau = tuple(inverse_temperature(x) for x in xs[:self.components])
+        if self.components == 1:
+            return Choice(arms=(tiles[0], 0), tau=tau, omega=(1.0,))
+        eps = xs[2]
+        return Choice(arms=tuple(tiles), tau=tau, omega=(eps, 1.0 - eps))
 
     def update(self, arms: tuple[int, ...], episode_return: float) -> None:
-        self.ensemble.update_tile(arms[0], episode_return)
+        for ensemble, tile in zip(self.ensembles, arms, strict=False):   # DiCE's second arm is omega's constant 0
+            ensemble.update_tile(tile, episode_return)
 
     @property
     def episodes(self) -> int:
-        return self.ensemble.episodes
+        return self.ensembles[0].episodes
 
     def stats(self) -> list[dict[str, Any]]:
-        values = np.mean([b.values() for b in self.ensemble.bandits], axis=0)   # DiCE's evaluation: the average
-        return [{"name": "tau_1", "selections": self.selections.tolist(), "mean_return": values.tolist()},
-                {"name": "omega_1", "selections": [int(self.selections.sum())], "mean_return": [0.0]}]
+        """Per dimension: selections per tile and the ensemble's average value (DiCE's evaluation)."""
+        out = [{"name": name, "selections": sel.tolist(),
+                "mean_return": np.mean([b.values() for b in e.bandits], axis=0).tolist()}
+               for name, e, sel in zip(self.names, self.ensembles, self.selections, strict=False)]
+        if self.components == 1:
+            out.append({"name": "omega_1", "selections": [int(self.selections[0].sum())], "mean_return": [0.0]})
+        return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ensemble": self.ensemble.to_dict(), "selections": self.selections.tolist(),
-                "rng": self.rng.bit_generator.state}
+        return {"ensembles": [e.to_dict() for e in self.ensembles],
+                "selections": [s.tolist() for s in self.selections], "rng": self.rng.bit_generator.state}
 
     def load_dict(self, d: dict[str, Any]) -> None:
-        self.ensemble.load_dict(d["ensemble"])
-        self.selections = np.asarray(d["selections"], np.int64)
+        if len(d["ensembles"]) != len(self.ensembles):
+            raise ValueError("bandit snapshot has a different number of dimensions than the configuration")
+        for e, ed in zip(self.ensembles, d["ensembles"], strict=True):
+            e.load_dict(ed)
+        self.selections = [np.asarray(s, np.int64) for s in d["selections"]]
         self.rng.bit_generator.state = d["rng"]

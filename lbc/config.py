@@ -43,14 +43,15 @@ class PolicySpec(_Section):
     """h_i = (gamma_i, RS_i) of one policy model."""
 
     gamma: float = Field(gt=0.0, le=1.0)
-    reward_shaping: Literal["rs1", "rs2", "rs3", "identity", "clip"]
+    reward_shaping: Literal["rs1", "rs2", "rs3", "quarter_root", "identity", "clip"]
 
 
 class NetConfig(_Section):
     torso: Literal["small", "deep", "mlp"] = "small"
     hidden: int = Field(256, ge=8)
     lstm: int = Field(256, ge=8)
-    core_input_norm: bool = Field(False, description="LayerNorm on the LSTM's input (keeps the core from saturating)")
+    core: Literal["lstm", "layernorm_lstm"] = Field(
+        "layernorm_lstm", description="recurrent core; the plain LSTM saturates on Atari (docs/decisions.md 24)")
 
 
 class BehaviourConfig(_Section):
@@ -63,6 +64,9 @@ class BehaviourConfig(_Section):
     tau_accuracy: float = Field(0.2, gt=0.0)
     omega_range: tuple[float, float] = (0.0, 1.0)
     omega_accuracy: float = Field(0.1, gt=0.0)
+    component_heads: list[int] | None = Field(
+        None, description="policy head of each mixture component (GDI-I3: [0, 0], GDI-H3: [0, 1]); "
+                          "default one component per policy (LBC)")
 
 
 class BanditConfig(_Section):
@@ -77,6 +81,8 @@ class BanditConfig(_Section):
     top_d: int = Field(4, ge=1)
     bva_accuracy: float = Field(0.1, gt=0.0, description="tile size in x = log(1 + tau)")
     bva_ucb_c: float = Field(1.0, ge=0.0)
+    bva_widths: tuple[int, ...] = Field((1, 2, 3), min_length=1, description="window widths drawn per bandit")
+    bva_epsilon_accuracy: float = Field(0.1, gt=0.0, description="tile size of GDI's epsilon on [0, 1]")
     replace_every: int = Field(50, ge=1)
     normalise_values: bool = True
     snapshot_every_s: float = Field(30.0, gt=0.0)
@@ -131,10 +137,14 @@ class LearnerConfig(_Section):
     loss_reduction: Literal["mean", "sum"] = Field(
         "mean", description="losses averaged or summed over time and batch (IMPALA's code sums; its RMSProp "
                             "eps of 0.01 assumes summed gradients)")
-    target_policy: Literal["softmax", "behaviour_temperature"] = Field(
-        "softmax", description="pi_i = softmax(A_i) (LBC as printed) or softmax(tau_i A_i) with the episode's tau_i")
+    target_policy: Literal["softmax", "behaviour_temperature", "behaviour_mixture"] = Field(
+        "softmax", description="pi_i = softmax(A_i) (LBC as printed), softmax(tau_i A_i) with the episode's tau_i "
+                               "(DiCE), or the episode's whole behaviour mixture for every policy (GDI)")
+    centre_q: bool = Field(False, description="Q = V + A - E_pi[A] (GDI) instead of Q = V + A (LBC)")
     min_target_tau: float = Field(0.05, gt=0.0, description="floor on tau_i in the target policy")
-    threads: int = Field(1, ge=1)
+    threads: int = Field(1, ge=1, description="intra-op threads of the learner")
+    split_batch: int = Field(1, ge=1, description="parts of each batch computed at once in threads (one "
+                                                  "intra-op thread each suits a CPU shared with actors)")
     prefetch: int = Field(2, ge=1)
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when a GPU is visible")
     seed: int = 0
@@ -187,6 +197,16 @@ class Config(BaseSettings):
     def num_policies(self) -> int:
         return len(self.policies)
 
+    @property
+    def components(self) -> list[int]:
+        """The policy head behind each component of the behaviour mixture."""
+        heads = self.behaviour.component_heads
+        return list(range(self.num_policies)) if heads is None else list(heads)
+
+    @property
+    def num_components(self) -> int:
+        return len(self.components)
+
     @model_validator(mode="after")
     def _check(self) -> Config:
         if not self.policies:
@@ -195,6 +215,8 @@ class Config(BaseSettings):
             raise ValueError("env.kind=catch needs net.torso=mlp (its frames are not 84x84)")
         if self.env.kind == "atari" and self.net.torso == "mlp":
             raise ValueError("net.torso=mlp is only for env.kind=catch")
+        if self.learner.split_batch > self.learner.batch_size:
+            raise ValueError("learner.split_batch cannot exceed learner.batch_size")
         if self.replay.min_sequences < self.learner.batch_size:
             raise ValueError("replay.min_sequences must be at least learner.batch_size")
         if self.replay.ratio_tolerance < self.learner.batch_size + self.replay.replay_ratio:
@@ -204,10 +226,16 @@ class Config(BaseSettings):
             raise ValueError("replay.capacity_sequences must be at least replay.min_sequences")
         if self.learner.rho_bar < self.learner.c_bar:
             raise ValueError("V-trace needs rho_bar >= c_bar (IMPALA sec. 4.1)")
-        if self.bandit.algorithm == "bva" and (self.num_policies != 1 or self.behaviour.family != "boltzmann_mixture"):
-            raise ValueError("bandit.algorithm=bva (DiCE) needs exactly one policy and the boltzmann_mixture family")
-        if self.learner.target_policy == "behaviour_temperature" and self.behaviour.family != "boltzmann_mixture":
-            raise ValueError("learner.target_policy=behaviour_temperature needs behaviour.family=boltzmann_mixture")
+        if not self.components or not all(0 <= h < self.num_policies for h in self.components):
+            raise ValueError(f"behaviour.component_heads must name policies 0..{self.num_policies - 1}")
+        if self.bandit.algorithm == "bva" and (self.num_components > 2 or self.behaviour.family != "boltzmann_mixture"):
+            raise ValueError("bandit.algorithm=bva (DiCE, GDI) needs one or two behaviour components and the "
+                             "boltzmann_mixture family")
+        if self.learner.target_policy != "softmax" and self.behaviour.family != "boltzmann_mixture":
+            raise ValueError(f"learner.target_policy={self.learner.target_policy} needs behaviour.family="
+                             "boltzmann_mixture")
+        if self.learner.target_policy == "behaviour_temperature" and self.components != list(range(self.num_policies)):
+            raise ValueError("learner.target_policy=behaviour_temperature needs one component per policy")
         if self.behaviour.family == "epsilon_greedy_mixture" and self.behaviour.tau_range[1] > 1.0:
             raise ValueError("behaviour.tau_range holds epsilon for epsilon_greedy_mixture and must lie in [0, 1]")
         for name in ("tau_range", "omega_range"):
@@ -266,10 +294,11 @@ _CPU: dict[str, Any] = {
     "sequence": {"burn_in": 10, "length": 20},
     "replay": {"replay_ratio": 2.0, "capacity_sequences": 2_000, "capacity_bytes": 2_500_000_000,
                "min_sequences": 64},
-    # Two learner threads: the learner bounds throughput and the actor leaves ~half a core idle
-    # (with OMP_WAIT_POLICY=PASSIVE, set by the launcher, so idle OpenMP threads sleep, not spin).
+    # The learner bounds throughput and the actor leaves ~half a core idle. Two halves of each batch in
+    # two threads of one intra-op thread each use that half core better than two intra-op threads,
+    # whose barriers wait on the actor (measured: 15% more learner steps/s beside a 60% load).
     "learner": {"batch_size": 16, "learning_rate": 5.3e-4, "warmup_steps": 200, "anneal_steps": 200_000,
-                "checkpoint_every": 500, "threads": 2},
+                "checkpoint_every": 500, "threads": 1, "split_batch": 2},
     "actor": {"pull_every": 64},
     "env": {"num_envs": 16},
 }
@@ -288,7 +317,7 @@ _IMPALA: dict[str, Any] = {
                 "anneal_steps": 200_000, "weight_decay": 0.0, "rmsprop_decay": 0.99, "rmsprop_eps": 0.01,
                 "rmsprop_momentum": 0.0, "loss_reduction": "sum", "v_loss_scale": 0.5, "q_loss_scale": 0.0,
                 "pi_loss_scale": 1.0, "entropy_cost": 0.01, "rho_bar": 1.0, "c_bar": 1.0, "clip_norm": 40.0,
-                "threads": 2},
+                "threads": 1, "split_batch": 2},
     "env": {"num_envs": 16},
 }
 
@@ -322,6 +351,23 @@ _DICE: dict[str, Any] = {
 _DICE_FIXED: dict[str, Any] = {**_DICE, "behaviour": {"controlled": False, "fixed_tau": 1.0}}
 _DICE_RANDOM: dict[str, Any] = {**_DICE, "bandit": {**_DICE["bandit"], "learn": False}}
 
+# GDI (P2, Table 6) sized like `cpu`: behaviour eps softmax(A_1/tau_1) + (1 - eps) softmax(A_2/tau_2)
+# with (1/tau_1, 1/tau_2, eps) per episode from three BVA ensembles (7 bandits, 3 candidates, widths
+# {2, 3, 4}, lr {0.05, 0.1, 0.2}, UCB 1.0), the mixture itself as every policy's target, centred Q,
+# no entropy term, loss scales 1 / 10 / 10, gamma 0.997. GDI-I3: one head twice, the log shape;
+# GDI-H3: two heads under the log and the quarter-root shapes (docs/decisions.md 25).
+_GDI_I3: dict[str, Any] = {
+    **_DICE,
+    "behaviour": {"controlled": True, "tau_range": [0.0, 50.0], "component_heads": [0, 0]},
+    "bandit": {**_DICE["bandit"], "top_d": 3, "bva_widths": [2, 3, 4], "bva_epsilon_accuracy": 0.1},
+    "learner": {**_DICE["learner"], "target_policy": "behaviour_mixture", "centre_q": True},
+}
+_GDI_H3: dict[str, Any] = {
+    **_GDI_I3,
+    "policies": [{"gamma": 0.997, "reward_shaping": "rs2"}, {"gamma": 0.997, "reward_shaping": "quarter_root"}],
+    "behaviour": {**_GDI_I3["behaviour"], "component_heads": [0, 1]},
+}
+
 # Sizes for the built-in Catch game (minutes on two cores), laid over any preset for the end-to-end tests.
 CATCH_SIZING: dict[str, Any] = {
     "env": {"kind": "catch", "num_envs": 8},
@@ -351,6 +397,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "dice": _DICE,
     "dice-fixed": _DICE_FIXED,
     "dice-random": _DICE_RANDOM,
+    "gdi-i3": _GDI_I3,
+    "gdi-h3": _GDI_H3,
     "catch": _CATCH,
 }
 

@@ -116,17 +116,26 @@ class Progress:
             counts.setdefault(labels["dimension"], {})[int(labels["arm"])] = v
         top = {}
         for dim, arms in sorted(counts.items()):
-            arm = max(arms, key=arms.get)
-            lo, hi = (self.tau_dim if dim.startswith("tau") else self.omega_dim).region(arm)
-            top[dim] = f"[{lo:.1f},{hi:.1f})"
+            lo, hi = self._region(dim, max(arms, key=arms.get))
+            top[dim] = f"[{lo:.1f},{hi:.1f})" if dim.startswith("tau") else f"[{lo:.2f},{hi:.2f})"
         return top
+
+    def _region(self, dim: str, arm: int) -> tuple[float, float]:
+        """The psi values an arm covers. BVA tiles are in x = log(1 + tau) (tau dimensions) or in eps."""
+        bc = self.cfg.bandit
+        if bc.algorithm != "bva":
+            return (self.tau_dim if dim.startswith("tau") else self.omega_dim).region(arm)
+        if dim == "epsilon":
+            return arm * bc.bva_epsilon_accuracy, (arm + 1) * bc.bva_epsilon_accuracy
+        x0 = math.log1p(self.cfg.behaviour.tau_range[0])
+        return math.expm1(x0 + arm * bc.bva_accuracy), math.expm1(x0 + (arm + 1) * bc.bva_accuracy)
 
     @staticmethod
     def line(r: dict) -> str:
         def f(x: float | None, fmt: str) -> str:
             return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
-        top = " ".join(f"{k}{v}" for k, v in r["bandit_top"].items() if k.startswith("tau")) or "-"
+        top = " ".join(f"{k}{v}" for k, v in r["bandit_top"].items() if not k.startswith("omega")) or "-"
         return (f"frames {f(r['frames'], ',.0f')} | {f(r['fps'], ',.0f')} f/s | episodes {f(r['episodes'], '.0f')} | "
                 f"return100 {f(r['mean_return_100'], '.2f')} | HNS {f(r['hns'], '.3f')} | "
                 f"learner {f(r['learner_steps'], '.0f')} steps {f(r['learner_sps'], '.2f')}/s | "
@@ -161,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: until Ctrl-C)")
     parser.add_argument("--until-return", type=float, default=None,
                         help="stop once the mean return of the last 100 episodes reaches this")
+    parser.add_argument("--until-learner-steps", type=int, default=None,
+                        help="stop once the learner made this many steps (and, with a bandit, a return came back)")
     parser.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="configuration override passed to every service (repeatable)")
@@ -221,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
                 if (args.until_return is not None and record["return_window"] >= 100
                         and record["mean_return_100"] >= args.until_return):
                     print(f"lbc: mean return reached {args.until_return}", flush=True)
+                    break
+                if (args.until_learner_steps is not None and (record["learner_steps"] or 0) >= args.until_learner_steps
+                        and (not cfg.behaviour.controlled or (record["bandit_episodes"] or 0) >= 1)):
+                    print(f"lbc: learner reached {args.until_learner_steps} steps", flush=True)
                     break
             if args.duration and time.monotonic() - started >= args.duration:
                 break

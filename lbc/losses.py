@@ -84,18 +84,6 @@ def retrace_targets(
     return targets
 
 
-def policy_gradient_loss(logits: torch.Tensor, actions: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
-    """-log pi(a_t|x_t) * A_t per step [T, B]; advantages carry no gradient."""
-    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-    return -log_probs * advantages.detach()
-
-
-def entropy(logits: torch.Tensor) -> torch.Tensor:
-    """H(pi(.|x)) per step [T, B]."""
-    log_p = torch.log_softmax(logits, dim=-1)
-    return -(log_p.exp() * log_p).sum(-1)
-
-
 @dataclass(frozen=True)
 class LossScales:
     """LBC Table 3: V-loss xi = 1, Q-loss alpha = 5, pi-loss beta = 5; IMPALA adds an entropy cost."""
@@ -111,49 +99,55 @@ class LossScales:
 
 @dataclass(frozen=True)
 class PolicyLoss:
-    total: torch.Tensor
-    v: torch.Tensor
+    total: torch.Tensor   # scalar, summed over the problems after [T, B]
+    v: torch.Tensor       # per problem: means over [T, B]
     q: torch.Tensor
     pi: torch.Tensor
     entropy: torch.Tensor
-    abs_td: torch.Tensor  # [T, B] |v_s - V(x_s)|, for priorities and monitoring
+    abs_td: torch.Tensor  # [T, B, ...] |v_s - V(x_s)|, for priorities and monitoring
 
 
 def lbc_policy_loss(
     adv: torch.Tensor,
     value: torch.Tensor,
+    log_pi: torch.Tensor,
     actions: torch.Tensor,
     behaviour_prob: torch.Tensor,
     rewards: torch.Tensor,
     discounts: torch.Tensor,
     scales: LossScales,
-    inv_temperature: torch.Tensor | None = None,
+    pg_scale: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
+    centre_q: bool = False,
 ) -> PolicyLoss:
-    """Losses of one policy i of LBC (App. F, Algorithm 2) over one learning window.
+    """Losses of LBC's policies (App. F, Algorithm 2) over one learning window.
 
-    adv [T+1, B, A] dueling advantages A_i (also the policy logits, pi_i = softmax(A_i)); value
-    [T+1, B] = V_i; the last row is the bootstrap state. Q_i = V_i + A_i.
-    V_i is fitted to V-trace targets, Q_i to Retrace targets, pi_i by the V-trace policy gradient.
-    rewards are already shaped by RS_i, discounts are gamma_i * (1 - done).
+    adv [T+1, B, ..., A] dueling advantages A_i, value [T+1, B, ...] = V_i, log_pi [T+1, B, ..., A] the
+    log target policy (with its gradient; LBC: log softmax(A_i)); the last row is the bootstrap state.
+    The dimensions after B (e.g. one per policy, each with its own rewards and discounts) are
+    independent problems computed together: the terms are per-problem means over time and batch,
+    and `total` sums them.
+    V_i is fitted to V-trace targets, Q_i to Retrace targets, pi by the V-trace policy gradient.
+    rewards [T, B, ...] are already shaped by RS_i, discounts are gamma_i * (1 - done); actions and
+    behaviour_prob [T, B, ...]; weights [B].
 
-    inv_temperature [T+1, B] (optional): the target policy becomes pi_i = softmax(tau_i A_i) with the
-    tau_i the behaviour used (DiCE's reading, docs/decisions.md 18), and the policy gradient is
-    DiCE's temperature-scaled one, -(1/tau) A_t log pi(a_t), whose gradient in A is
-    A_t (e_a - pi): the same step size at every tau.
+    Q_i = V_i + A_i (LBC), or with centre_q Q_i = V_i + A_i - E_pi[A_i] (GDI App. F eq. 9), so that
+    E_pi Q_i = V_i.
+    pg_scale [T, B] (optional) multiplies the policy-gradient term per step: DiCE's temperature-scaled
+    gradient is -(1/tau) A_t log softmax(tau A)(a_t), whose gradient in A is A_t (e_a - pi), the same
+    step at every tau (docs/decisions.md 18).
     """
-    scale = None if inv_temperature is None else inv_temperature.unsqueeze(-1)
-    logits_all = adv if scale is None else adv * scale       # [T+1, B, A]
-    logits = logits_all[:-1]
-    log_pi = torch.log_softmax(logits_all.detach(), dim=-1)   # [T+1, B, A]
-    pi = log_pi.exp()
-    log_pi_taken = log_pi[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    log_pi_fixed = log_pi.detach()
+    pi = log_pi_fixed.exp()
+    log_pi_taken = log_pi_fixed[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
     log_rhos = log_pi_taken - torch.log(behaviour_prob.clamp_min(1e-8))
 
     vt = vtrace(value[:-1].detach(), value[-1].detach(), rewards, discounts, log_rhos,
                 rho_bar=scales.rho_bar, c_bar=scales.c_bar, pg_rho_bar=scales.rho_bar, lam=scales.lam)
     v_loss = 0.5 * (vt.vs - value[:-1]).pow(2)
 
+    if centre_q:
+        adv = adv - (pi * adv).sum(-1, keepdim=True)
     q = value.unsqueeze(-1) + adv                               # [T+1, B, A]
     q_detached = q.detach()
     q_taken = q[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
@@ -162,14 +156,15 @@ def lbc_policy_loss(
     q_targets = retrace_targets(q_taken.detach(), expected_next, rewards, discounts, traces)
     q_loss = 0.5 * (q_targets - q_taken).pow(2)
 
-    pi_loss = policy_gradient_loss(logits, actions, vt.pg_advantages)
-    if inv_temperature is not None:
-        pi_loss = pi_loss / inv_temperature[:-1]
-    ent = entropy(logits)
+    log_pi_action = log_pi[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    pi_loss = -log_pi_action * vt.pg_advantages
+    if pg_scale is not None:
+        pi_loss = pi_loss * pg_scale
+    ent = -(log_pi[:-1].exp() * log_pi[:-1]).sum(-1)
 
     if weights is not None:
-        v_loss, q_loss, pi_loss = (loss * weights.unsqueeze(0) for loss in (v_loss, q_loss, pi_loss))
-    total = (scales.v * v_loss.mean() + scales.q * q_loss.mean() + scales.pi * pi_loss.mean()
-             - scales.entropy * ent.mean())
-    return PolicyLoss(total=total, v=v_loss.mean(), q=q_loss.mean(), pi=pi_loss.mean(),
-                      entropy=ent.mean(), abs_td=(vt.vs - value[:-1].detach()).abs())
+        w = weights.view(1, -1, *[1] * (v_loss.dim() - 2))
+        v_loss, q_loss, pi_loss = (loss * w for loss in (v_loss, q_loss, pi_loss))
+    v, q, pi_term, ent = (x.mean(dim=(0, 1)) for x in (v_loss, q_loss, pi_loss, ent))
+    total = (scales.v * v + scales.q * q + scales.pi * pi_term - scales.entropy * ent).sum()
+    return PolicyLoss(total=total, v=v, q=q, pi=pi_term, entropy=ent, abs_td=(vt.vs - value[:-1].detach()).abs())

@@ -78,6 +78,66 @@ class MlpTorso(nn.Module):
         return self.net(x)
 
 
+class LayerNormLSTM(nn.Module):
+    """LSTM with layer normalisation (Ba et al. 2016, sec. 3.1, eq. 20-22):
+
+        (f, i, o, g) = LN(W_x x_t; a_x, b_x) + LN(W_h h_{t-1}; a_h, b_h) + b
+        c_t = sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g)
+        h_t = sigmoid(o) * tanh(LN(c_t; a_c, b_c))
+
+    Normalising the gates' pre-activations keeps them off the flat ends of the sigmoid whatever the
+    input's scale, and the LN on c_t keeps h_t responsive when c_t drifts: a plain LSTM trained on
+    short windows saturates when the actors unroll it over a whole episode (docs/decisions.md 24).
+    The input projection of every step is one matrix product before the recurrence.
+    Gate order i, f, g, o as torch.nn.LSTMCell.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.input_proj = nn.Linear(input_size, 4 * hidden_size, bias=False)
+        self.hidden_proj = nn.Linear(hidden_size, 4 * hidden_size, bias=False)
+        self.input_norm = nn.LayerNorm(4 * hidden_size)
+        self.hidden_norm = nn.LayerNorm(4 * hidden_size, bias=False)
+        self.cell_norm = nn.LayerNorm(hidden_size)
+        with torch.no_grad():   # forget-gate bias 1, as the usual LSTM initialisation (Jozefowicz et al. 2015)
+            self.input_norm.bias[hidden_size:2 * hidden_size].fill_(1.0)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor,
+                state: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """x [T, B, in]; keep [T, B, 1] zero where the state resets before step t. Returns h [T, B, H], (h, c)."""
+        xs = self.input_norm(self.input_proj(x))
+        h, c = state
+        outs = []
+        for t in range(x.shape[0]):
+            h, c = h * keep[t], c * keep[t]
+            i, f, g, o = (xs[t] + self.hidden_norm(self.hidden_proj(h))).chunk(4, dim=-1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(self.cell_norm(c))
+            outs.append(h)
+        return torch.stack(outs), (h, c)
+
+
+class PlainLSTM(nn.Module):
+    """torch.nn.LSTMCell stepped over time, with the same interface as LayerNormLSTM."""
+
+    def __init__(self, input_size: int, hidden_size: int) -> None:
+        super().__init__()
+        self.cell = nn.LSTMCell(input_size, hidden_size)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor,
+                state: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        h, c = state
+        outs = []
+        for t in range(x.shape[0]):
+            h, c = self.cell(x[t], (h * keep[t], c * keep[t]))
+            outs.append(h)
+        return torch.stack(outs), (h, c)
+
+
+CORES = {"lstm": PlainLSTM, "layernorm_lstm": LayerNormLSTM}
+
+
 @dataclass
 class NetOutput:
     adv: torch.Tensor    # [T, B, N, A] dueling advantages A_i (mean over actions removed)
@@ -89,7 +149,7 @@ class LBCNet(nn.Module):
     """Torso -> LSTM core (input: features, one-hot previous action, clipped previous reward) -> N heads."""
 
     def __init__(self, torso: str, obs_shape: tuple[int, ...], num_actions: int, num_policies: int,
-                 hidden: int = 256, lstm: int = 256, core_input_norm: bool = False) -> None:
+                 hidden: int = 256, lstm: int = 256, core: str = "layernorm_lstm") -> None:
         super().__init__()
         self.num_actions = num_actions
         self.num_policies = num_policies
@@ -102,11 +162,7 @@ class LBCNet(nn.Module):
             self.torso = MlpTorso(obs_shape, hidden)
         else:
             raise ValueError(f"unknown torso {torso!r}")
-        # LayerNorm on the core's input keeps its pre-activations centred: without it, Adam's equal-size
-        # steps on every weight of a wide, all-positive (ReLU) input saturate the gates within a few
-        # hundred steps on Pong, and the cell state becomes a counter that passes no gradient.
-        self.core_norm: nn.Module = nn.LayerNorm(hidden + num_actions + 1) if core_input_norm else nn.Identity()
-        self.core = nn.LSTMCell(hidden + num_actions + 1, lstm)
+        self.core = CORES[core](hidden + num_actions + 1, lstm)
         self.heads = nn.Linear(lstm, num_policies * (num_actions + 1))
 
     def set_channels_last(self, enabled: bool) -> LBCNet:
@@ -131,18 +187,15 @@ class LBCNet(nn.Module):
         """obs [T, B, *obs_shape] uint8; prev_action [T, B] int64; prev_reward [T, B] raw reward;
         reset [T, B] bool, True where x_t starts an episode (the state is zeroed before the step)."""
         steps, batch = obs.shape[:2]
-        x = obs.reshape(steps * batch, *obs.shape[2:]).float().div_(255.0)
+        x = obs.reshape(steps * batch, *obs.shape[2:])
+        if isinstance(self.torso, _ConvTorso):   # lay out the uint8 frames, so the float copy is the only big one
+            x = x.contiguous(memory_format=self.torso.memory_format)
+        x = x.float().div_(255.0)
         feats = self.torso(x).view(steps, batch, -1)
         one_hot = nn.functional.one_hot(prev_action, self.num_actions).to(feats.dtype)
-        core_in = self.core_norm(
-            torch.cat([feats, one_hot, prev_reward.clamp(-1.0, 1.0).unsqueeze(-1).to(feats.dtype)], -1))
+        core_in = torch.cat([feats, one_hot, prev_reward.clamp(-1.0, 1.0).unsqueeze(-1).to(feats.dtype)], -1)
         keep = (~reset).to(feats.dtype).unsqueeze(-1)
-        h, c = state
-        outs = []
-        for t in range(steps):
-            h, c = self.core(core_in[t], (h * keep[t], c * keep[t]))
-            outs.append(h)
-        core_out = torch.stack(outs)
+        core_out, (h, c) = self.core(core_in, keep, state)
         heads = self.heads(core_out).view(steps, batch, self.num_policies, self.num_actions + 1)
         raw_adv, value = heads[..., :-1], heads[..., -1]
         adv = raw_adv - raw_adv.mean(-1, keepdim=True)
@@ -152,4 +205,4 @@ class LBCNet(nn.Module):
 def build_net(cfg, obs_shape: tuple[int, ...], num_actions: int) -> LBCNet:
     """The network the configuration describes (cfg: lbc.config.Config)."""
     return LBCNet(cfg.net.torso, obs_shape, num_actions, cfg.num_policies, cfg.net.hidden, cfg.net.lstm,
-                  cfg.net.core_input_norm)
+                  cfg.net.core)

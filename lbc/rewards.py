@@ -1,4 +1,4 @@
-"""Reward shaping functions RS_1..RS_3 of LBC Table 3 (DESIGN §5.2: exactly as printed).
+"""Reward shaping functions RS_1..RS_3 of LBC Table 3 (DESIGN §5.2: exactly as printed), and GDI's.
 
 Each policy i learns from RS_i(r) under its own discount gamma_i; the bandit always sees the raw
 episode return.
@@ -33,6 +33,11 @@ def rs3(r: torch.Tensor) -> torch.Tensor:
     return 0.3 * torch.clamp(t, max=0.0) + 5.0 * torch.clamp(t, min=0.0)
 
 
+def quarter_root(r: torch.Tensor) -> torch.Tensor:
+    """GDI-H3's second shape (GDI Table 6): sign(x) * ((|x| + 1)^0.25 - 1) + 0.001 * x."""
+    return torch.sign(r) * ((r.abs() + 1.0).pow(0.25) - 1.0) + 0.001 * r
+
+
 def identity(r: torch.Tensor) -> torch.Tensor:
     return r
 
@@ -43,5 +48,5 @@ def clip(r: torch.Tensor) -> torch.Tensor:
 
 
 REWARD_SHAPING: dict[str, RewardFn] = {
-    "rs1": rs1, "rs2": rs2, "rs3": rs3, "identity": identity, "clip": clip,
+    "rs1": rs1, "rs2": rs2, "rs3": rs3, "quarter_root": quarter_root, "identity": identity, "clip": clip,
 }

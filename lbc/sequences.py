@@ -29,7 +29,7 @@ def sequence_layout(cfg: Config) -> Layout:
         "reward": ("float32", (steps,)),
         "done": ("bool", (steps,)),
         "behaviour_prob": ("float32", (steps,)),
-        "psi": ("float32", (steps, 2 * cfg.num_policies)),
+        "psi": ("float32", (steps, 2 * cfg.num_components)),
         "h0": ("float32", (cfg.net.lstm,)),
         "c0": ("float32", (cfg.net.lstm,)),
     }

@@ -5,11 +5,13 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from lbc.behaviour import log_boltzmann_mixture
 from lbc.config import Config, LearnerConfig
 from lbc.envs import env_spec
 from lbc.losses import LossScales, lbc_policy_loss
@@ -74,24 +76,37 @@ class Trainer:
         self.scales = LossScales(v=lc.v_loss_scale, q=lc.q_loss_scale, pi=lc.pi_loss_scale,
                                  entropy=lc.entropy_cost, rho_bar=lc.rho_bar, c_bar=lc.c_bar, lam=lc.trace_lambda)
         self.shaping = [REWARD_SHAPING[p.reward_shaping] for p in cfg.policies]
-        self.gammas = [p.gamma for p in cfg.policies]
+        self.gammas = torch.tensor([p.gamma for p in cfg.policies], device=self.device)
+        self.components = torch.tensor(cfg.components, device=self.device)
         self.step = 0
+        # split_batch > 1: the parts run in threads with one intra-op thread each; unlike intra-op
+        # parallelism they need no barrier, so a core shared with an actor is not left waiting
+        self.parts = lc.split_batch
+        self.pool = ThreadPoolExecutor(lc.split_batch, thread_name_prefix="learner-part") \
+            if lc.split_batch > 1 else None
 
-    def _target_tau(self, psi: torch.Tensor, policy: int) -> torch.Tensor | None:
-        """tau_i per step [T+1, B] for target_policy=behaviour_temperature; psi is [T, B, 2N] with tau
-        first. The bootstrap row repeats the last step's (across an episode end it is discounted to 0)."""
-        if self.cfg.learner.target_policy == "softmax":
-            return None
-        tau = psi[:, :, policy].clamp_min(self.cfg.learner.min_target_tau)
-        return torch.cat([tau, tau[-1:]], dim=0)
+    def _target_log_policy(self, adv: torch.Tensor, psi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every policy's log pi [T+1, B, N, A] and policy-gradient scale [T, B, N] (or None).
 
-    def train_step(self, batch: dict[str, np.ndarray]) -> StepStats:
+        adv is [T+1, B, N, A]; psi [T, B, 2K] holds (tau_1..tau_K, omega_1..omega_K) of the episode each
+        step belongs to. The bootstrap row repeats the last step's psi (across an episode end it is
+        discounted to 0)."""
         lc = self.cfg.learner
-        factor = schedule_factor(self.step, lc.warmup_steps, lc.anneal_steps)
-        for group in self.optimiser.param_groups:
-            group["lr"] = lc.learning_rate * factor
-            group["weight_decay"] = lc.weight_decay * max(0.0, 1.0 - self.step / lc.anneal_steps)
+        psi = torch.cat([psi, psi[-1:]], dim=0)
+        k = self.cfg.num_components
+        if lc.target_policy == "softmax":
+            return torch.log_softmax(adv, dim=-1), None
+        if lc.target_policy == "behaviour_temperature":   # DiCE: softmax(tau_i A_i), gradient scaled by 1/tau_i
+            tau = psi[..., :k].clamp_min(lc.min_target_tau)
+            return torch.log_softmax(adv * tau.unsqueeze(-1), dim=-1), 1.0 / tau[:-1]
+        # GDI: every policy learns the episode's whole mixture
+        mixture = log_boltzmann_mixture(adv[:, :, self.components], psi[..., :k], psi[..., k:])
+        return mixture.unsqueeze(2).expand_as(adv), None
 
+    def _loss(self, batch: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Burn-in, forward and every policy's losses for (part of) a batch: (total as a mean over time
+        and batch, terms [N, 4] of v, q, pi, entropy, priorities [B])."""
+        lc = self.cfg.learner
         b = to_time_major(batch, self.device)
         burn = self.cfg.sequence.burn_in
         state = (b["h0"], b["c0"])
@@ -103,29 +118,56 @@ class Trainer:
                 state = self.model(obs[:burn], prev_action[:burn], prev_reward[:burn], reset[:burn], state).state
         out = self.model(obs[burn:], prev_action[burn:], prev_reward[burn:], reset[burn:], state)
 
+        # all N policies in one loss call: the policy axis is a trailing batch axis
         actions = b["action"][burn:].long()
-        raw_reward = b["reward"][burn:]
+        per_policy_steps = (*actions.shape, self.cfg.num_policies)
         not_done = 1.0 - b["done"][burn:].float()
-        mu = b["behaviour_prob"][burn:]
-        total = torch.zeros((), device=self.device)
-        per_policy = []
-        priorities = torch.zeros(actions.shape[1], device=self.device)
-        weights = b.get("weight")
+        log_pi, pg_scale = self._target_log_policy(out.adv, b["psi"][burn:])
+        loss = lbc_policy_loss(
+            out.adv, out.value, log_pi, actions.unsqueeze(-1).expand(per_policy_steps),
+            b["behaviour_prob"][burn:].unsqueeze(-1).expand(per_policy_steps),
+            torch.stack([shape(b["reward"][burn:]) for shape in self.shaping], dim=-1),
+            not_done.unsqueeze(-1) * self.gammas, self.scales, pg_scale=pg_scale, weights=b.get("weight"),
+            centre_q=lc.centre_q)
+        total = loss.total
         eta = self.cfg.replay.priority_eta
-        for i, (shape, gamma) in enumerate(zip(self.shaping, self.gammas, strict=True)):
-            loss = lbc_policy_loss(out.adv[:, :, i], out.value[:, :, i], actions, mu, shape(raw_reward),
-                                   gamma * not_done, self.scales, self._target_tau(b["psi"][burn:], i), weights)
-            total = total + loss.total
-            per_policy.append({"v": loss.v.item(), "q": loss.q.item(), "pi": loss.pi.item(),
-                               "entropy": loss.entropy.item()})
-            priorities = torch.maximum(priorities, eta * loss.abs_td.max(0).values + (1 - eta) * loss.abs_td.mean(0))
+        priorities = (eta * loss.abs_td.max(0).values + (1 - eta) * loss.abs_td.mean(0)).max(-1).values
+        terms = torch.stack([loss.v, loss.q, loss.pi, loss.entropy], dim=-1).detach()
+        return total, terms, priorities.detach()
 
-        if lc.loss_reduction == "sum":
-            total = total * (actions.shape[0] * actions.shape[1])   # every term is a mean over [T, B]
+    def _split_backward(self, batch: dict[str, np.ndarray]) -> tuple[float, torch.Tensor, torch.Tensor]:
+        """Loss and backward on `split_batch` parts of the batch at once, in threads (the parts' gradients,
+        weighted by their share of the batch, accumulate into .grad). Returns (loss, terms, priorities)."""
+        size = next(iter(batch.values())).shape[0]
+        bounds = np.linspace(0, size, self.parts + 1).astype(int)
+
+        def part(i: int) -> tuple[float, torch.Tensor, torch.Tensor]:
+            lo, hi = bounds[i], bounds[i + 1]
+            total, terms, priorities = self._loss({k: v[lo:hi] for k, v in batch.items()})
+            share = (hi - lo) / size   # the part's means weigh by its share of the batch
+            weight = share * (self.cfg.sequence.length * size if self.cfg.learner.loss_reduction == "sum" else 1)
+            (total * weight).backward()
+            return float(total.detach()) * weight, terms * share, priorities
+
+        if self.pool is None:
+            results = [part(0)]
+        else:
+            results = list(self.pool.map(part, range(self.parts)))
+        return (sum(r[0] for r in results), sum(r[1] for r in results),
+                torch.cat([r[2] for r in results]))
+
+    def train_step(self, batch: dict[str, np.ndarray]) -> StepStats:
+        lc = self.cfg.learner
+        factor = schedule_factor(self.step, lc.warmup_steps, lc.anneal_steps)
+        for group in self.optimiser.param_groups:
+            group["lr"] = lc.learning_rate * factor
+            group["weight_decay"] = lc.weight_decay * max(0.0, 1.0 - self.step / lc.anneal_steps)
+
         self.optimiser.zero_grad(set_to_none=True)
-        total.backward()
+        loss, terms, priorities = self._split_backward(batch)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), lc.clip_norm)
         self.optimiser.step()
         self.step += 1
-        return StepStats(loss=total.item(), per_policy=per_policy, grad_norm=float(grad_norm),
+        per_policy = [dict(zip(("v", "q", "pi", "entropy"), row, strict=True)) for row in terms.tolist()]
+        return StepStats(loss=loss, per_policy=per_policy, grad_norm=float(grad_norm),
                          learning_rate=lc.learning_rate * factor, priorities=priorities.cpu().numpy())

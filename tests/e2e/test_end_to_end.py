@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from lbc.config import CATCH_SIZING
+from lbc.config import CATCH_SIZING, PRESETS
 from tests.support import REPO, endpoint_overrides
 
 
@@ -69,7 +69,7 @@ def test_short_pong_run(tmp_path):
         assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
-@pytest.mark.parametrize("preset", ["dice", "dice-random", "lbc-reduce-h-psi", "lbc-random"])
+@pytest.mark.parametrize("preset", ["dice", "dice-random", "gdi-i3", "gdi-h3", "lbc-reduce-h-psi", "lbc-random"])
 def test_preset_learns_catch(tmp_path, preset):
     """Other systems of the papers, on the same harness: Catch to near-optimal."""
     proc, records, _ = _launch(tmp_path, f"e2e-{preset}-catch", preset, "catch", 240, "--until-return", "0.9",
@@ -78,3 +78,26 @@ def test_preset_learns_catch(tmp_path, preset):
     last = records[-1]
     assert last["return_window"] >= 100 and last["mean_return_100"] >= 0.9, proc.stdout[-3000:]
     assert last["version"] > 0 and last["bandit_episodes"] > 100
+
+
+# Every preset but `cpu` (test_short_pong_run) and `catch`; `paper` is `lbc-bm`.
+SMOKE_PRESETS = sorted({name for name, p in PRESETS.items() if name not in ("cpu", "catch", "paper")})
+SMOKE_SIZING = {"env": {"num_envs": 4, "max_episode_frames": 400},
+                "replay": {"min_sequences": 8, "capacity_sequences": 64},
+                "learner": {"batch_size": 4, "push_every": 1, "checkpoint_every": 1000},
+                "actor": {"pull_every": 8}}
+
+
+@pytest.mark.parametrize("preset", SMOKE_PRESETS)
+def test_preset_atari_smoke(tmp_path, preset):
+    """Each preset's own networks, losses, behaviour and bandit on real Pong, briefly: frames flow, the
+    learner steps and pushes, actors pull, and (with a bandit) an episode's return comes back.
+    Sizes are shrunk (4 envs, batch 4, episodes capped at 400 frames); the model is the preset's."""
+    proc, records, run_dir = _launch(tmp_path, f"e2e-{preset}-pong", preset, "pong", 120, "--until-learner-steps", "3",
+                                     *_as_sets(SMOKE_SIZING), timeout=200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "learner reached 3 steps" in proc.stdout, proc.stdout[-3000:]
+    last = records[-1]
+    assert last["frames"] > 0 and last["version"] >= 1
+    for log in (run_dir / "logs").glob("*.log"):
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]

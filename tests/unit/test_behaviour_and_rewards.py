@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from lbc.behaviour import boltzmann_mixture, epsilon_greedy_mixture, sample_actions
-from lbc.rewards import REWARD_SHAPING, rs1, rs2, rs3
+from lbc.behaviour import boltzmann_mixture, epsilon_greedy_mixture, log_boltzmann_mixture, sample_actions
+from lbc.rewards import REWARD_SHAPING, quarter_root, rs1, rs2, rs3
 
 
 @pytest.fixture
@@ -85,3 +85,52 @@ def test_every_configured_shaping_exists():
     for name in ("rs1", "rs2", "rs3", "identity", "clip"):
         assert REWARD_SHAPING[name](torch.tensor([2.0])).shape == (1,)
     assert REWARD_SHAPING["clip"](torch.tensor([5.0, -3.0])).tolist() == [1.0, -1.0]
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("heads", [(0, 0), (0, 1)])
+def test_gdi_mixture_probabilities_by_numpy(heads):
+    """GDI App. F eq. 10 (I3, one head twice) and eq. 12 (H3, two heads):
+    pi = eps softmax(A_1 / tau_1) + (1 - eps) softmax(A_2 / tau_2); lbc's tau is the inverse temperature."""
+    rng = np.random.default_rng(0)
+    adv = rng.normal(size=(5, 2, 6))                       # [B, policies, A]
+    inv_t = rng.uniform(0.0, 50.0, size=(5, 2))
+    eps = rng.uniform(size=5)
+    expected = (eps[:, None] * _softmax(adv[:, heads[0]] * inv_t[:, :1])
+                + (1 - eps[:, None]) * _softmax(adv[:, heads[1]] * inv_t[:, 1:]))
+    comp = torch.tensor(adv[:, list(heads)])
+    omega = torch.tensor(np.stack([eps, 1 - eps], 1))
+    got = boltzmann_mixture(comp, torch.tensor(inv_t), omega)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-10)
+    np.testing.assert_allclose(log_boltzmann_mixture(comp, torch.tensor(inv_t), omega).exp().numpy(), expected,
+                               rtol=1e-10)
+
+
+def test_gdi_mixture_special_cases():
+    """eps = 1 is DiCE's softmax(A / tau_1); 1/tau_1 = 0 with a large 1/tau_2 is eps-greedy (GDI sec. 3)."""
+    adv = torch.tensor([[[0.5, -1.0, 2.0, 0.1]] * 2], dtype=torch.float64)    # [1, 2, A]
+    dice = log_boltzmann_mixture(adv, torch.tensor([[3.0, 7.0]], dtype=torch.float64),
+                                 torch.tensor([[1.0, 0.0]], dtype=torch.float64)).exp()
+    torch.testing.assert_close(dice, torch.softmax(3.0 * adv[:, 0], -1))
+    greedy = log_boltzmann_mixture(adv, torch.tensor([[0.0, 1e4]], dtype=torch.float64),
+                                   torch.tensor([[0.2, 0.8]], dtype=torch.float64)).exp()
+    torch.testing.assert_close(greedy, torch.tensor([[0.05, 0.05, 0.85, 0.05]], dtype=torch.float64))
+
+
+def test_log_mixture_stays_finite_where_a_component_underflows():
+    adv = torch.tensor([[[0.0, 40.0], [0.0, 40.0]]], requires_grad=True)
+    log_mu = log_boltzmann_mixture(adv, torch.tensor([[50.0, 50.0]]), torch.tensor([[0.0, 1.0]]))
+    assert torch.isfinite(log_mu).all()
+    log_mu[0, 0].backward()
+    assert torch.isfinite(adv.grad).all()
+
+
+def test_quarter_root_by_hand():
+    """GDI-H3's second shape: sign(x)((|x| + 1)^0.25 - 1) + 0.001 x."""
+    r = torch.tensor([1.0, -15.0, 0.0, 80.0], dtype=torch.float64)
+    expected = torch.tensor([2 ** 0.25 - 1 + 0.001, -1.0 - 0.015, 0.0, 3.0 - 1.0 + 0.08], dtype=torch.float64)
+    torch.testing.assert_close(quarter_root(r), expected)

@@ -90,3 +90,40 @@ def test_controller_speaks_lbcs_inverse_temperature_and_round_trips() -> None:
     other = BvaController((0.0, 50.0), 0.1, bandits=7, candidates=7, ucb_c=1.0, normalise=True, learn=True, seed=9)
     other.load_dict(ctl.to_dict())
     assert other.select() == ctl.select() and other.episodes == 1
+
+
+def test_gdi_controller_searches_inverse_temperatures_and_epsilon() -> None:
+    """GDI App. G: three dimensions, tau_k = exp(x_k) - 1 on [0, 50] and eps = x_3 on [0, 1]; psi's
+    weights are (eps, 1 - eps); every ensemble learns from each return; the widths come from GDI's table."""
+    ctl = BvaController((0.0, 50.0), 0.1, bandits=7, candidates=3, ucb_c=1.0, normalise=True, learn=True, seed=4,
+                        components=2, widths=(2, 3, 4), epsilon_accuracy=0.1)
+    assert ctl.names == ["tau_1", "tau_2", "epsilon"]
+    assert [e.bandits[0].num_tiles for e in ctl.ensembles] == [39, 39, 10]
+    assert all(b.width in (2, 3, 4) for e in ctl.ensembles for b in e.bandits)
+    for _ in range(20):
+        choice = ctl.select()
+        assert len(choice.arms) == 3 and all(0.0 <= t <= 50.0 for t in choice.tau)
+        eps = choice.omega[0]
+        assert 0.0 <= eps <= 1.0 and choice.omega[1] == pytest.approx(1.0 - eps)
+        assert choice.arms[2] == min(int(eps / 0.1), 9)
+        ctl.update(choice.arms, 1.0)
+    assert all(e.episodes == 20 for e in ctl.ensembles)
+    assert all(b.n.sum() == 20 for e in ctl.ensembles for b in e.bandits)
+    other = BvaController((0.0, 50.0), 0.1, bandits=7, candidates=3, ucb_c=1.0, normalise=True, learn=True, seed=8,
+                          components=2, widths=(2, 3, 4))
+    other.load_dict(ctl.to_dict())
+    assert other.select() == ctl.select()
+    with pytest.raises(ValueError, match="one \\(DiCE\\) or two"):
+        BvaController((0.0, 50.0), 0.1, 7, 3, 1.0, True, True, 0, components=3)
+
+
+def test_gdi_controller_moves_towards_the_better_epsilon() -> None:
+    """Returns that grow with eps draw the epsilon ensemble's choices to the top tiles."""
+    ctl = BvaController((0.0, 50.0), 0.1, bandits=7, candidates=3, ucb_c=1.0, normalise=True, learn=True, seed=1,
+                        components=2, widths=(2, 3, 4))
+    eps = []
+    for _ in range(600):
+        choice = ctl.select()
+        eps.append(choice.omega[0])
+        ctl.update(choice.arms, 10.0 * choice.omega[0])
+    assert np.mean(eps[-100:]) > 0.7 > np.mean(eps[:50])

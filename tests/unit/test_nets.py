@@ -1,9 +1,10 @@
+import numpy as np
 import pytest
 import torch
 
 from lbc.config import load_config
 from lbc.envs import env_spec
-from lbc.nets import build_net
+from lbc.nets import LayerNormLSTM, PlainLSTM, build_net
 
 
 def _count(model):
@@ -56,3 +57,63 @@ def test_reset_zeroes_the_recurrent_state():
     with_reset = net(*args, torch.ones(1, 1, dtype=torch.bool), junk)
     fresh = net(*args, torch.zeros(1, 1, dtype=torch.bool), net.initial_state(1))
     torch.testing.assert_close(with_reset.adv, fresh.adv)
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _layer_norm(x, gain, bias, eps=1e-5):
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * gain + bias
+
+
+def test_layernorm_lstm_matches_ba_et_al_equations_in_numpy():
+    """Ba et al. 2016 eq. (20)-(22), one plain numpy step at a time, with a reset in the middle."""
+    torch.manual_seed(0)
+    core = LayerNormLSTM(5, 4)
+    with torch.no_grad():   # non-trivial gains and biases so every LN parameter matters
+        for p in core.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    x = torch.randn(6, 3, 5)
+    keep = torch.ones(6, 3, 1)
+    keep[3, 1] = 0.0
+    h0, c0 = torch.randn(3, 4), torch.randn(3, 4)
+    out, (h_last, c_last) = core(x, keep, (h0, c0))
+
+    p = {k: v.detach().numpy().astype(np.float64) for k, v in core.state_dict().items()}
+    h, c = h0.numpy().astype(np.float64), c0.numpy().astype(np.float64)
+    for t in range(6):
+        h, c = h * keep[t].numpy(), c * keep[t].numpy()
+        pre = (_layer_norm(x[t].numpy() @ p["input_proj.weight"].T, p["input_norm.weight"], p["input_norm.bias"])
+               + _layer_norm(h @ p["hidden_proj.weight"].T, p["hidden_norm.weight"], 0.0))
+        i, f, g, o = np.split(pre, 4, axis=-1)
+        c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(g)
+        h = _sigmoid(o) * np.tanh(_layer_norm(c, p["cell_norm.weight"], p["cell_norm.bias"]))
+        np.testing.assert_allclose(out[t].detach().numpy(), h, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(c_last.detach().numpy(), c, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(h_last.detach().numpy(), h, rtol=1e-5, atol=1e-5)
+
+
+def test_plain_lstm_core_matches_torch_lstm():
+    torch.manual_seed(0)
+    core = PlainLSTM(5, 4)
+    ref = torch.nn.LSTM(5, 4)
+    ref.load_state_dict({"weight_ih_l0": core.cell.weight_ih, "weight_hh_l0": core.cell.weight_hh,
+                         "bias_ih_l0": core.cell.bias_ih, "bias_hh_l0": core.cell.bias_hh})
+    x, h0, c0 = torch.randn(6, 3, 5), torch.randn(3, 4), torch.randn(3, 4)
+    out, (h, c) = core(x, torch.ones(6, 3, 1), (h0, c0))
+    ref_out, (ref_h, ref_c) = ref(x, (h0[None], c0[None]))
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(c, ref_c[0])
+
+
+def test_layernorm_core_keeps_its_output_unsaturated_whatever_the_cell_size():
+    """The failure it replaces (docs/decisions.md 24): a cell of hundreds gives |h| = 1 and no gradient."""
+    torch.manual_seed(0)
+    core = LayerNormLSTM(5, 64)
+    c_big = 300.0 * torch.randn(2, 64)
+    x = torch.randn(1, 2, 5, requires_grad=True)
+    out, _ = core(x, torch.ones(1, 2, 1), (torch.zeros(2, 64), c_big))
+    assert out.abs().max() < 0.99
+    out.sum().backward()
+    assert x.grad.abs().mean() > 1e-3

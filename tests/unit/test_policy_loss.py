@@ -25,10 +25,18 @@ def inputs(seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
+def loss(x: dict[str, torch.Tensor], tau: float | None = None, **kw):
+    """lbc_policy_loss with pi = softmax(A), or DiCE's softmax(tau A) with the 1/tau gradient scale."""
+    if tau is None:
+        return lbc_policy_loss(**{**x, "log_pi": torch.log_softmax(x["adv"], -1)}, **kw)
+    return lbc_policy_loss(**{**x, "log_pi": torch.log_softmax(tau * x["adv"], -1)},
+                           pg_scale=torch.full((T, B), 1.0 / tau), **kw)
+
+
 def test_unit_temperature_is_the_plain_loss() -> None:
     x = inputs()
-    plain = lbc_policy_loss(**x, scales=SCALES)
-    ones = lbc_policy_loss(**x, scales=SCALES, inv_temperature=torch.ones(T + 1, B))
+    plain = loss(x, scales=SCALES)
+    ones = loss(x, 1.0, scales=SCALES)
     for name in ("total", "v", "q", "pi", "entropy"):
         assert torch.allclose(getattr(plain, name), getattr(ones, name)), name
 
@@ -39,7 +47,7 @@ def test_temperature_scaled_gradient_is_advantage_times_e_a_minus_pi(tau: float)
     x = inputs(1)
     adv = x["adv"].clone().requires_grad_(True)
     scales = LossScales(v=0.0, q=0.0, pi=1.0, entropy=0.0, rho_bar=1.05, c_bar=1.05, lam=1.0)
-    out = lbc_policy_loss(**{**x, "adv": adv}, scales=scales, inv_temperature=torch.full((T + 1, B), tau))
+    out = loss({**x, "adv": adv}, tau, scales=scales)
     out.total.backward()
 
     # the V-trace advantage, recomputed with a numpy loop from IMPALA eq. (1) for pi = softmax(tau A)
@@ -65,8 +73,8 @@ def test_temperature_sets_the_evaluated_policy() -> None:
     """With a large tau the target policy is near greedy: V-trace's rho uses softmax(tau A), not softmax(A)."""
     x = inputs(2)
     x["behaviour_prob"] = torch.full((T, B), 1.0 / A)
-    low = lbc_policy_loss(**x, scales=SCALES, inv_temperature=torch.full((T + 1, B), 1e-3))
-    plain = lbc_policy_loss(**x, scales=SCALES)
+    low = loss(x, 1e-3, scales=SCALES)
+    plain = loss(x, scales=SCALES)
     # tau -> 0: the target policy is uniform, equal to mu, so every rho is 1: the entropy is log |A|
     assert float(low.entropy) == pytest.approx(np.log(A), abs=1e-4)
     assert float(plain.entropy) < np.log(A) - 1e-3
@@ -74,11 +82,55 @@ def test_temperature_sets_the_evaluated_policy() -> None:
 
 def test_importance_weights_scale_each_sequence() -> None:
     x = inputs(3)
-    per_seq = [lbc_policy_loss(**{k: v[:, b:b + 1] for k, v in x.items()}, scales=SCALES) for b in range(B)]
+    per_seq = [loss({k: v[:, b:b + 1] for k, v in x.items()}, scales=SCALES) for b in range(B)]
     weights = torch.tensor([2.0, 0.0, 0.5])
-    weighted = lbc_policy_loss(**x, scales=SCALES, weights=weights)
+    weighted = loss(x, scales=SCALES, weights=weights)
     for term in ("v", "q", "pi"):
         expected = sum(float(w) * float(getattr(loss, term)) for w, loss in zip(weights, per_seq, strict=True)) / B
         assert float(getattr(weighted, term)) == pytest.approx(expected, rel=1e-5), term
     # the entropy is not weighted
-    assert float(weighted.entropy) == pytest.approx(float(lbc_policy_loss(**x, scales=SCALES).entropy))
+    assert float(weighted.entropy) == pytest.approx(float(loss(x, scales=SCALES).entropy))
+
+
+def _retrace_numpy(q, pi, actions, mu, rewards, discounts, c_bar):
+    """Munos et al. 2016 by a plain loop:
+    G_t = r_t + g_t (E_pi Q(x_{t+1}) + c_{t+1} (G_{t+1} - Q(x_{t+1}, a_{t+1})))."""
+    steps, batch = actions.shape
+    q_taken = np.take_along_axis(q[:-1], actions[..., None], -1)[..., 0]
+    pi_taken = np.take_along_axis(pi[:-1], actions[..., None], -1)[..., 0]
+    c = np.minimum(c_bar, pi_taken / mu)
+    expected = (pi * q).sum(-1)
+    g = np.zeros((steps, batch))
+    for t in reversed(range(steps)):
+        g[t] = rewards[t] + discounts[t] * expected[t + 1]
+        if t + 1 < steps:
+            g[t] += discounts[t] * c[t + 1] * (g[t + 1] - q_taken[t + 1])
+    return g, q_taken
+
+
+@pytest.mark.parametrize("centre", [False, True])
+def test_q_loss_against_numpy_retrace_with_and_without_gdi_centring(centre: bool) -> None:
+    """LBC: Q = V + A; GDI App. F eq. 9: Q = V + A - E_pi[A], so that E_pi Q = V."""
+    x = inputs(4)
+    mix = torch.softmax(torch.randn(T + 1, B, A, generator=torch.Generator().manual_seed(7)), -1)
+    scales = LossScales(v=0.0, q=1.0, pi=0.0, entropy=0.0, rho_bar=1.05, c_bar=1.05, lam=1.0)
+    out = lbc_policy_loss(**x, log_pi=mix.log(), scales=scales, centre_q=centre)
+
+    a, v, pi = x["adv"].numpy().astype(np.float64), x["value"].numpy(), mix.numpy().astype(np.float64)
+    if centre:
+        a = a - (pi * a).sum(-1, keepdims=True)
+        np.testing.assert_allclose((pi * (v[..., None] + a)).sum(-1), v, rtol=1e-5, atol=1e-5)
+    g, q_taken = _retrace_numpy(v[..., None] + a, pi, x["actions"].numpy(), x["behaviour_prob"].numpy(),
+                                x["rewards"].numpy(), x["discounts"].numpy(), 1.05)
+    assert float(out.q) == pytest.approx(float(np.mean(0.5 * (g - q_taken) ** 2)), rel=1e-4)
+
+
+def test_gradient_flows_through_the_given_target_policy() -> None:
+    """The policy gradient is -adv_t d log pi(a_t) for the log pi passed in (GDI: the mixture)."""
+    x = inputs(5)
+    logits = torch.randn(T + 1, B, A, requires_grad=True)
+    scales = LossScales(v=0.0, q=0.0, pi=1.0, entropy=0.0, rho_bar=1.05, c_bar=1.05, lam=1.0)
+    out = lbc_policy_loss(**x, log_pi=torch.log_softmax(logits, -1), scales=scales)
+    out.total.backward()
+    assert logits.grad[-1].abs().max() == 0.0      # the bootstrap row has no policy-gradient term
+    assert logits.grad[:-1].abs().max() > 0.0

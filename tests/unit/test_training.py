@@ -36,18 +36,37 @@ def test_schedule_warms_up_then_anneals_to_zero():
     assert schedule_factor(0, 0, 100) == 1.0
 
 
-def test_trainer_fits_a_fixed_batch():
-    cfg = load_config("catch", ["learner.warmup_steps=0"])
+@pytest.mark.parametrize("core", ["lstm", "layernorm_lstm"])
+def test_trainer_fits_a_fixed_batch(core):
+    """The value regression alone (V-trace targets) on one batch: its loss must fall. (With the Q and
+    policy terms on random targets the LayerNorm core trades V for Q; docs/decisions.md 24.)"""
+    cfg = load_config("catch", ["learner.warmup_steps=0", f"net.core={core}", "learner.q_loss_scale=0",
+                                "learner.pi_loss_scale=0"])
     trainer = Trainer(cfg)
     batch = _batch(cfg, np.random.default_rng(0))
-    def regression(stats):
-        return sum(p["v"] + p["q"] for p in stats.per_policy)
-
     first = trainer.train_step(batch)
-    for _ in range(150):
+    for _ in range(100):
         last = trainer.train_step(batch)
-    assert np.isfinite(last.loss) and regression(last) < 0.75 * regression(first)
+    assert np.isfinite(last.loss)
+    assert sum(p["v"] for p in last.per_policy) < 0.6 * sum(p["v"] for p in first.per_policy)
     assert len(last.per_policy) == 3 and last.priorities.shape == (cfg.learner.batch_size,)
+
+
+@pytest.mark.parametrize("preset", ["gdi-i3", "gdi-h3", "dice", "cpu"])
+def test_every_target_policy_trains_with_finite_losses(preset):
+    from lbc.config import CATCH_SIZING
+    cfg = load_config(preset, {**CATCH_SIZING, "learner": {**CATCH_SIZING["learner"], "warmup_steps": 0}})
+    trainer = Trainer(cfg)
+    rng = np.random.default_rng(1)
+    batch = _batch(cfg, rng)
+    k = cfg.num_components
+    batch["psi"][..., :k] = rng.uniform(0.0, 50.0, batch["psi"][..., :k].shape)   # inverse temperatures
+    eps = rng.uniform(size=batch["psi"].shape[:-1])
+    batch["psi"][..., k:] = np.stack([eps, 1 - eps], -1) if k == 2 else 1.0
+    for _ in range(5):
+        stats = trainer.train_step(batch)
+    assert np.isfinite(stats.loss) and np.isfinite(stats.grad_norm)
+    assert len(stats.per_policy) == cfg.num_policies
 
 
 def test_checkpoint_round_trip(tmp_path):
@@ -98,4 +117,32 @@ def test_summed_losses_scale_the_gradient_by_time_and_batch():
         trainer.train_step(batch)
         grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]))
     elements = mean_cfg.sequence.length * mean_cfg.learner.batch_size
-    torch.testing.assert_close(grads[1], grads[0] * elements, rtol=1e-4, atol=1e-6)
+    # float32 rounding: tolerate 1e-4 of the largest gradient element
+    torch.testing.assert_close(grads[1], grads[0] * elements, rtol=1e-4, atol=1e-4 * float(grads[1].abs().max()))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_split_batch_gives_the_whole_batch_step(reduction):
+    """Parts computed in threads, each weighted by its share, make the same gradient, loss terms and
+    priorities as the whole batch at once."""
+    base = ["learner.warmup_steps=0", "learner.clip_norm=1e9", f"learner.loss_reduction={reduction}"]
+    whole_cfg = load_config("catch", base)
+    batch = _batch(whole_cfg, np.random.default_rng(4))
+    results = []
+    for split in (1, 3):
+        torch.manual_seed(0)
+        trainer = Trainer(load_config("catch", [*base, f"learner.split_batch={split}"]))
+        stats = trainer.train_step(batch)
+        grads = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+        results.append((stats, grads))
+    (whole, g1), (split, g3) = results
+    torch.testing.assert_close(g3, g1, rtol=1e-4, atol=1e-4 * float(g1.abs().max()))
+    assert split.loss == pytest.approx(whole.loss, rel=1e-5)
+    np.testing.assert_allclose(split.priorities, whole.priorities, rtol=1e-5)
+    for a, b in zip(split.per_policy, whole.per_policy, strict=True):
+        assert a == pytest.approx(b, rel=1e-4)
+
+
+def test_split_batch_is_validated():
+    with pytest.raises(ValueError, match="split_batch"):
+        load_config("catch", ["learner.split_batch=64"])
