@@ -84,6 +84,41 @@ def retrace_targets(
     return targets
 
 
+def value_rescale(z: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+    """h(z) = sign(z) (sqrt(|z| + 1) - 1) + eps z (Pohlen et al. 2018; NGU App. E, eps of Table 6)."""
+    return torch.sign(z) * (torch.sqrt(z.abs() + 1.0) - 1.0) + eps * z
+
+
+def value_rescale_inverse(z: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+    """h^-1(z) = sign(z) (((sqrt(1 + 4 eps (|z| + 1 + eps)) - 1) / (2 eps))^2 - 1), the exact inverse
+    (NGU's printed eq. 17 misses the square; DESIGN §5.3)."""
+    return torch.sign(z) * (((torch.sqrt(1.0 + 4.0 * eps * (z.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)) ** 2 - 1.0)
+
+
+@torch.no_grad()
+def transformed_retrace_targets(
+    q_taken: torch.Tensor,
+    q_next: torch.Tensor,
+    pi_next: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    traces: torch.Tensor,
+    eps: float = 1e-3,
+) -> torch.Tensor:
+    """NGU's transformed Retrace (App. E eq. 12, 14):
+
+        y_t = h( h^-1(Q(x_t, a_t)) + sum_{s >= t} gamma^{s-t} (prod_{i=t+1}^{s} c_i) delta^h_s ),
+        delta^h_s = r_s + gamma sum_a pi(a|x_{s+1}) h^-1(Q(x_{s+1}, a)) - h^-1(Q(x_s, a_s)),
+
+    which is Retrace's recursion run on h^-1 of the values, then mapped back by h. q_taken [T, B] =
+    Q(x_t, a_t) and q_next [T, B, A] = Q(x_{t+1}, .), both from the target network; pi_next [T, B, A];
+    traces [T, B] = c_t.
+    """
+    z_taken = value_rescale_inverse(q_taken, eps)
+    z_next = (pi_next * value_rescale_inverse(q_next, eps)).sum(-1)
+    return value_rescale(retrace_targets(z_taken, z_next, rewards, discounts, traces), eps)
+
+
 @dataclass(frozen=True)
 class LossScales:
     """LBC Table 3: V-loss xi = 1, Q-loss alpha = 5, pi-loss beta = 5; IMPALA adds an entropy cost."""

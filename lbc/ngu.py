@@ -1,13 +1,13 @@
 """Never Give Up's (Badia et al. 2020) intrinsic reward and policy family, as pure pieces.
 
 - `mixture_family`: the N pairs (beta_j, gamma_j) of App. A.
-- `h`, `h_inverse`: the value rescaling of the transformed Retrace (App. E, Pohlen et al. 2018),
-  with the exact inverse (the printed eq. 17 misses a square; DESIGN §5.3).
+- The value rescaling h, its exact inverse and the transformed Retrace are in lbc.losses.
 - `EpisodicMemory`: Algorithm 1's k-nearest-neighbour pseudo-count over an episode's embeddings.
 - `RunningMeanStd` and `lifelong_modulator`: RND's alpha_t = 1 + (err - mu_e) / sigma_e.
 - `intrinsic_reward`: eq. 1, r^i = r^episodic * min(max(alpha, 1), L).
-Wiring into the services (the embedding and RND networks, the j-conditioned network, the actor's
-memory per episode) is issue 4's remaining work.
+The embedding (inverse dynamics) and RND networks are in lbc.ngu_nets. Wiring into the services
+(the j-conditioned Q-network with a target network, the actor's memory per episode, the learner's
+auxiliary losses) is issue 4's remaining work.
 """
 
 from __future__ import annotations
@@ -41,16 +41,6 @@ def mixture_family(n: int, beta: float = 0.3, gamma_max: float = 0.997,
 def policy_index(actor: int, n: int) -> int:
     """The fixed actor -> j assignment: j = actor mod N (the printed mod (N - 1) never uses j = N-1)."""
     return actor % n
-
-
-def h(z: np.ndarray, eps: float = 1e-3) -> np.ndarray:
-    """h(z) = sign(z) (sqrt(|z| + 1) - 1) + eps z."""
-    return np.sign(z) * (np.sqrt(np.abs(z) + 1.0) - 1.0) + eps * z
-
-
-def h_inverse(z: np.ndarray, eps: float = 1e-3) -> np.ndarray:
-    """h^-1(z) = sign(z) (((sqrt(1 + 4 eps (|z| + 1 + eps)) - 1) / (2 eps))^2 - 1)."""
-    return np.sign(z) * (((np.sqrt(1.0 + 4.0 * eps * (np.abs(z) + 1.0 + eps)) - 1.0) / (2.0 * eps)) ** 2 - 1.0)
 
 
 class EpisodicMemory:

@@ -6,12 +6,12 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
+from lbc.losses import retrace_targets, transformed_retrace_targets, value_rescale, value_rescale_inverse
 from lbc.ngu import (
     EpisodicMemory,
     RunningMeanStd,
-    h,
-    h_inverse,
     intrinsic_reward,
     lifelong_modulator,
     mixture_family,
@@ -37,12 +37,17 @@ def test_family_is_monotone_and_actor_assignment_uses_every_member() -> None:
     assert {policy_index(a, 32) for a in range(64)} == set(range(32))
 
 
+def _h(z, eps=1e-3):
+    return np.sign(z) * (np.sqrt(np.abs(z) + 1.0) - 1.0) + eps * z
+
+
 def test_h_inverse_is_the_exact_inverse() -> None:
-    x = np.concatenate([-np.logspace(-3, 5, 50), [0.0], np.logspace(-3, 5, 50)])
-    np.testing.assert_allclose(h_inverse(h(x)), x, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(h(h_inverse(x)), x, rtol=1e-6, atol=1e-6)
+    x = torch.tensor(np.concatenate([-np.logspace(-3, 5, 50), [0.0], np.logspace(-3, 5, 50)]))
+    torch.testing.assert_close(value_rescale_inverse(value_rescale(x)), x, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(value_rescale(value_rescale_inverse(x)), x, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(value_rescale(x).numpy(), _h(x.numpy()), rtol=1e-12)
     # the printed form (no square) does not invert h: h^-1(h(100)) would be about 9
-    eps, z = 1e-3, h(np.array(100.0))
+    eps, z = 1e-3, _h(np.array(100.0))
     printed = np.sign(z) * ((np.sqrt(1 + 4 * eps * (abs(z) + 1 + eps)) - 1) / (2 * eps) - 1)
     assert abs(float(printed) - 100.0) > 50
 
@@ -92,3 +97,45 @@ def test_rnd_normalisation_and_clipping() -> None:
     np.testing.assert_allclose(alpha, [1.0, 3.0])
     np.testing.assert_allclose(intrinsic_reward(np.array([2.0, 2.0, 2.0]), np.array([0.2, 3.0, 9.0])),
                                [2.0, 6.0, 10.0])     # min(max(alpha, 1), L = 5)
+
+
+def test_transformed_retrace_against_the_explicit_sum_of_eq_12_and_14() -> None:
+    """y_t = h(h^-1 Q(x_t,a_t) + sum_s gamma^{s-t} (prod_{i=t+1}^{s} c_i) delta^h_s), summed by a plain loop."""
+    rng = np.random.default_rng(0)
+    steps, batch, actions = 6, 3, 4
+    q_taken = rng.normal(0, 30, (steps, batch))
+    q_next = rng.normal(0, 30, (steps, batch, actions))
+    pi_next = rng.dirichlet(np.ones(actions), (steps, batch))
+    rewards = rng.normal(0, 5, (steps, batch))
+    discounts = np.where(rng.random((steps, batch)) < 0.1, 0.0, 0.997)
+    c = rng.uniform(0, 1, (steps, batch))
+
+    def h_inv(z, eps=1e-3):
+        return np.sign(z) * (((np.sqrt(1 + 4 * eps * (np.abs(z) + 1 + eps)) - 1) / (2 * eps)) ** 2 - 1)
+
+    z_next = (pi_next * h_inv(q_next)).sum(-1)
+    expected = np.zeros((steps, batch))
+    for t in range(steps):
+        total = h_inv(q_taken[t])
+        for s in range(t, steps):
+            weight = np.ones(batch)
+            for i in range(t, s):          # gamma_i c_{i+1} for each step between t and s
+                weight = weight * discounts[i] * c[i + 1]
+            delta = rewards[s] + discounts[s] * z_next[s] - h_inv(q_taken[s])
+            total = total + weight * delta
+        expected[t] = _h(total)
+    got = transformed_retrace_targets(*(torch.tensor(x) for x in (q_taken, q_next, pi_next, rewards, discounts, c)))
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-9, atol=1e-9)
+
+
+def test_transformed_retrace_equals_retrace_where_h_cancels() -> None:
+    """One step, zero reward, gamma = 1 and a one-hot pi: y = h(h^-1(Q'(a*))) = Q'(a*), the plain target."""
+    q_next = torch.tensor([[[3.0, 40.0]]], dtype=torch.float64)
+    pi = torch.tensor([[[0.0, 1.0]]], dtype=torch.float64)
+    y = transformed_retrace_targets(torch.tensor([[7.0]], dtype=torch.float64), q_next, pi,
+                                    torch.zeros(1, 1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64),
+                                    torch.ones(1, 1, dtype=torch.float64))
+    plain = retrace_targets(torch.tensor([[7.0]], dtype=torch.float64), torch.tensor([[40.0]], dtype=torch.float64),
+                            torch.zeros(1, 1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64),
+                            torch.ones(1, 1, dtype=torch.float64))
+    torch.testing.assert_close(y, plain)

@@ -1,0 +1,79 @@
+"""NGU's auxiliary networks (Badia et al. 2020, sec. 2 and App. H), each on the newest 84x84 frame.
+
+- `EmbeddingNet` f: the controllable-state embedding (p = 32) whose neighbours give the episodic
+  novelty; trained through `InverseDynamics` h, which predicts a_t from (f(x_t), f(x_{t+1})).
+- `RandomNetworkDistillation`: a fixed random target g and a trained predictor g^; the error
+  ||g^(x) - g(x)||^2 is the life-long novelty that lbc.ngu.lifelong_modulator normalises.
+App. H's figures are missing from the text; the layer sizes are the digest's reading (seeds_003_004
+A4): three convolutions 32@8x8/4, 64@4x4/2, 64@3x3/1, then a linear layer; the inverse head is one
+hidden layer of 128.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def newest_frame(obs: torch.Tensor) -> torch.Tensor:
+    """[N, stack, H, W] uint8 frame stacks -> [N, 1, H, W] floats in [0, 1] of the newest frame."""
+    return obs[:, -1:].float().div(255.0)
+
+
+def _conv_torso(image_size: int) -> tuple[nn.Sequential, int]:
+    convs = nn.Sequential(nn.Conv2d(1, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                          nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+    with torch.no_grad():
+        n = convs(torch.zeros(1, 1, image_size, image_size)).shape[-1]
+    return convs, n
+
+
+class EmbeddingNet(nn.Module):
+    """f: O -> R^p (p = 32, App. B.1)."""
+
+    def __init__(self, image_size: int = 84, dim: int = 32) -> None:
+        super().__init__()
+        self.convs, n = _conv_torso(image_size)
+        self.out = nn.Sequential(nn.Linear(n, dim), nn.ReLU())
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """obs [N, stack, H, W] uint8 -> [N, p]."""
+        return self.out(self.convs(newest_frame(obs)))
+
+
+class InverseDynamics(nn.Module):
+    """h: p(a | x_t, x_{t+1}) = softmax(MLP([f(x_t), f(x_{t+1})])), one hidden layer of 128."""
+
+    def __init__(self, dim: int, num_actions: int, hidden: int = 128) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(2 * dim, hidden), nn.ReLU(), nn.Linear(hidden, num_actions))
+
+    def forward(self, emb: torch.Tensor, emb_next: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([emb, emb_next], dim=-1))
+
+
+def inverse_dynamics_loss(embed: EmbeddingNet, head: InverseDynamics, obs: torch.Tensor, obs_next: torch.Tensor,
+                          actions: torch.Tensor, l2: float = 1e-5) -> torch.Tensor:
+    """-log p(a_t | x_t, x_{t+1}) averaged, plus l2 * ||weights of h||^2 (NGU Table 6: 1e-5)."""
+    logits = head(embed(obs), embed(obs_next))
+    penalty = sum(p.pow(2).sum() for name, p in head.named_parameters() if name.endswith("weight"))
+    return nn.functional.cross_entropy(logits, actions) + l2 * penalty
+
+
+class RandomNetworkDistillation(nn.Module):
+    """g (fixed, random) and g^ (trained): err(x) = ||g^(x) - g(x)||^2 (NGU sec. 2, Burda et al. 2019)."""
+
+    def __init__(self, image_size: int = 84, dim: int = 128) -> None:
+        super().__init__()
+        convs, n = _conv_torso(image_size)
+        self.target = nn.Sequential(convs, nn.Linear(n, dim))
+        convs, n = _conv_torso(image_size)
+        self.predictor = nn.Sequential(convs, nn.Linear(n, dim))
+        self.target.requires_grad_(False)
+
+    def error(self, obs: torch.Tensor) -> torch.Tensor:
+        """obs [N, stack, H, W] uint8 -> err [N]; the gradient reaches only the predictor."""
+        x = newest_frame(obs)
+        with torch.no_grad():
+            target = self.target(x)
+        return (self.predictor(x) - target).pow(2).sum(-1)
