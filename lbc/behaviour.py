@@ -32,12 +32,16 @@ def log_boltzmann_mixture(adv: torch.Tensor, tau: torch.Tensor, omega: torch.Ten
     return torch.logsumexp(torch.log(omega).unsqueeze(-1) + log_components, dim=-2)
 
 
+def epsilon_greedy(q: torch.Tensor, epsilon: torch.Tensor | float) -> torch.Tensor:
+    """pi(a) = (1 - eps) 1[a = argmax_b q(b)] + eps / |A| over the last axis; epsilon broadcasts
+    against q[..., :1]."""
+    greedy = torch.nn.functional.one_hot(q.argmax(dim=-1), q.shape[-1]).to(q.dtype)
+    return (1.0 - epsilon) * greedy + epsilon / q.shape[-1]
+
+
 def epsilon_greedy_mixture(adv: torch.Tensor, epsilon: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
     """mu(a) = sum_i omega_i [(1 - eps_i) 1[a = argmax A_i] + eps_i / |A|]."""
-    num_actions = adv.shape[-1]
-    greedy = torch.nn.functional.one_hot(adv.argmax(dim=-1), num_actions).to(adv.dtype)
-    eps = epsilon.unsqueeze(-1)
-    per_policy = (1.0 - eps) * greedy + eps / num_actions
+    per_policy = epsilon_greedy(adv, epsilon.unsqueeze(-1))
     return (omega.unsqueeze(-1) * per_policy).sum(dim=-2)
 
 

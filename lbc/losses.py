@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lbc.behaviour import epsilon_greedy
+
 
 @dataclass(frozen=True)
 class VTraceReturns:
@@ -117,6 +119,40 @@ def transformed_retrace_targets(
     z_taken = value_rescale_inverse(q_taken, eps)
     z_next = (pi_next * value_rescale_inverse(q_next, eps)).sum(-1)
     return value_rescale(retrace_targets(z_taken, z_next, rewards, discounts, traces), eps)
+
+
+@dataclass(frozen=True)
+class QLoss:
+    loss: torch.Tensor     # [T, B] 0.5 (Q(x_t, a_t) - y_t)^2
+    abs_td: torch.Tensor   # [T, B] |y_t - Q(x_t, a_t)|, for priorities
+
+
+def ngu_q_loss(
+    q_online: torch.Tensor,
+    q_target: torch.Tensor,
+    actions: torch.Tensor,
+    behaviour_prob: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    target_epsilon: float = 0.01,
+    lam: float = 0.95,
+    eps_h: float = 1e-3,
+) -> QLoss:
+    """NGU's learner loss (App. A, E): transformed Retrace(lambda) from the target network, double-Q.
+
+    q_online, q_target [T+1, B, A] (the last row is the bootstrap state); rewards are the augmented
+    r^e + beta_j r^i and discounts gamma_j (1 - done), [T, B]. The target policy is eps-greedy
+    (eps = 0.01) on the *online* Q; values come from the target network; traces are
+    c_t = lam min(1, pi(a_t|x_t) / mu(a_t|x_t)) (eq. 8).
+    """
+    pi = epsilon_greedy(q_online.detach(), target_epsilon)                       # [T+1, B, A]
+    pi_taken = pi[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    traces = lam * torch.clamp(pi_taken / behaviour_prob.clamp_min(1e-8), max=1.0)
+    q_target_taken = q_target[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    targets = transformed_retrace_targets(q_target_taken.detach(), q_target[1:].detach(), pi[1:], rewards,
+                                          discounts, traces, eps_h)
+    q_taken = q_online[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    return QLoss(loss=0.5 * (q_taken - targets).pow(2), abs_td=(targets - q_taken.detach()).abs())
 
 
 @dataclass(frozen=True)

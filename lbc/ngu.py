@@ -115,3 +115,37 @@ def lifelong_modulator(err: np.ndarray, stats: RunningMeanStd) -> np.ndarray:
 def intrinsic_reward(episodic: np.ndarray, alpha: np.ndarray, max_modulation: float = 5.0) -> np.ndarray:
     """Eq. 1: r^i_t = r^episodic_t * min(max(alpha_t, 1), L)."""
     return np.asarray(episodic) * np.clip(alpha, 1.0, max_modulation)
+
+
+def actor_epsilons(num: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
+    """Ape-X / R2D2's per-actor exploration, eps_i = base^(1 + alpha i / (num - 1)), i = 0..num-1
+    (NGU does not print its schedule; seeds_003_004 A1.10 reads it from R2D2)."""
+    if num == 1:
+        return np.array([base])
+    return base ** (1.0 + alpha * np.arange(num) / (num - 1))
+
+
+class IntrinsicRewards:
+    """One actor's intrinsic reward for its vector of environments (NGU eq. 1, Alg. 1).
+
+    Each environment has its own episodic memory, emptied when its episode starts; the RND errors
+    of all of them feed one running mean and standard deviation (the modulator's normalisation).
+    """
+
+    def __init__(self, num_envs: int, capacity: int, dim: int, k: int = 10, kernel_eps: float = 1e-3,
+                 c: float = 1e-3, cluster_xi: float = 8e-3, max_similarity: float = 8.0,
+                 max_modulation: float = 5.0) -> None:
+        self.memories = [EpisodicMemory(capacity, dim, k, kernel_eps, c, cluster_xi, max_similarity)
+                         for _ in range(num_envs)]
+        self.rnd_stats = RunningMeanStd()
+        self.max_modulation = max_modulation
+
+    def step(self, embeddings: np.ndarray, rnd_errors: np.ndarray, episode_start: np.ndarray) -> np.ndarray:
+        """r^i_t [E] for x_t of every environment; episode_start [E] marks x_t as an episode's first."""
+        episodic = np.empty(len(self.memories))
+        for e, memory in enumerate(self.memories):
+            if episode_start[e]:
+                memory.reset()
+            episodic[e] = memory.reward(embeddings[e])
+        self.rnd_stats.update(rnd_errors)
+        return intrinsic_reward(episodic, lifelong_modulator(rnd_errors, self.rnd_stats), self.max_modulation)

@@ -8,10 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-from lbc.losses import retrace_targets, transformed_retrace_targets, value_rescale, value_rescale_inverse
+from lbc.losses import (
+    ngu_q_loss,
+    retrace_targets,
+    transformed_retrace_targets,
+    value_rescale,
+    value_rescale_inverse,
+)
 from lbc.ngu import (
     EpisodicMemory,
+    IntrinsicRewards,
     RunningMeanStd,
+    actor_epsilons,
     intrinsic_reward,
     lifelong_modulator,
     mixture_family,
@@ -139,3 +147,57 @@ def test_transformed_retrace_equals_retrace_where_h_cancels() -> None:
                             torch.zeros(1, 1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64),
                             torch.ones(1, 1, dtype=torch.float64))
     torch.testing.assert_close(y, plain)
+
+
+def test_actor_epsilons_follow_ape_x() -> None:
+    eps = actor_epsilons(8)
+    assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4 ** 8)
+    assert eps[3] == pytest.approx(0.4 ** (1 + 7 * 3 / 7))
+    assert actor_epsilons(1).tolist() == [0.4]
+
+
+def test_intrinsic_rewards_keep_one_memory_per_environment_and_reset_it() -> None:
+    """Env 0 sees the same embedding again (not novel); env 1 starts a new episode each step, so its
+    memory is always empty and its reward 0 (decision 21); RND errors above their running mean amplify."""
+    rewards = IntrinsicRewards(num_envs=2, capacity=100, dim=2, k=2)
+    same = np.array([[0.0, 0.0], [5.0, 5.0]], np.float32)
+    first = rewards.step(same, np.array([1.0, 1.0]), np.array([True, True]))
+    assert first.tolist() == [0.0, 0.0]
+    far = np.array([[3.0, 4.0], [5.0, 5.0]], np.float32)
+    second = rewards.step(far, np.array([1.0, 1.0]), np.array([False, True]))
+    # env 0: one neighbour at squared distance 25 = the running mean: d_n = 1, K = eps / (1 - xi + eps)
+    k_v = 1e-3 / (1.0 - 8e-3 + 1e-3)
+    assert second[0] == pytest.approx(1.0 / (math.sqrt(k_v) + 1e-3)) and second[1] == 0.0
+    assert len(rewards.memories[0].slots[: rewards.memories[0].size]) == 2 and rewards.memories[1].size == 1
+    # step 3, env 1: one neighbour ([5, 5]) at squared distance 32, its memory's first distance, so
+    # d_n = 1 again; the errors so far [1, 1, 1, 1, 3, 3] give alpha = 1 + (3 - 5/3) / sqrt(8/9) for 3
+    third = rewards.step(np.array([[0.0, 0.0], [1.0, 1.0]], np.float32), np.array([3.0, 3.0]), np.array([False, False]))
+    alpha = 1.0 + (3.0 - 5.0 / 3.0) / math.sqrt(8.0 / 9.0)
+    assert third[1] == pytest.approx(second[0] * alpha)
+
+
+def test_ngu_q_loss_targets_and_traces_by_hand() -> None:
+    """Two steps, two actions, float64. pi = eps-greedy(0.01) on the online Q; values from the target
+    network; c_t = 0.95 min(1, pi/mu); y = transformed Retrace; loss 0.5 (Q - y)^2."""
+    d = torch.float64
+    q_online = torch.tensor([[[1.0, 2.0]], [[3.0, 0.0]], [[0.0, 5.0]]], dtype=d)   # [T+1=3, B=1, A=2]
+    q_target = torch.tensor([[[1.5, 2.5]], [[2.0, 1.0]], [[4.0, 6.0]]], dtype=d)
+    actions = torch.tensor([[1], [0]])
+    mu = torch.tensor([[0.5], [0.8]], dtype=d)
+    rewards = torch.tensor([[1.0], [2.0]], dtype=d)
+    disc = torch.tensor([[0.99], [0.99]], dtype=d)
+    out = ngu_q_loss(q_online, q_target, actions, mu, rewards, disc)
+
+    pi = lambda best: np.array([0.995, 0.005]) if best == 0 else np.array([0.005, 0.995])  # noqa: E731
+    pi1, pi2 = pi(0), pi(1)                          # online argmax at x_1 is action 0, at x_2 action 1
+    hinv = lambda z: float(value_rescale_inverse(torch.tensor(z, dtype=d)))  # noqa: E731
+    h = lambda z: float(value_rescale(torch.tensor(z, dtype=d)))  # noqa: E731
+    c1 = 0.95 * min(1.0, pi1[0] / 0.8)               # trace of step 1 (action 0 taken at x_1)
+    z2 = pi2 @ np.array([hinv(4.0), hinv(6.0)])
+    z1 = pi1 @ np.array([hinv(2.0), hinv(1.0)])
+    g1 = 2.0 + 0.99 * z2
+    g0 = 1.0 + 0.99 * (z1 + c1 * (g1 - hinv(2.0)))
+    y = np.array([h(g0), h(g1)])
+    q_taken = np.array([2.0, 3.0])
+    np.testing.assert_allclose(out.loss[:, 0].numpy(), 0.5 * (q_taken - y) ** 2, rtol=1e-10)
+    np.testing.assert_allclose(out.abs_td[:, 0].numpy(), np.abs(y - q_taken), rtol=1e-10)
