@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import signal
 import socket
 import subprocess
@@ -18,10 +19,38 @@ from lbc.launch import scrape, value
 REPO = Path(__file__).resolve().parent.parent
 
 
+# Ports are drawn below the kernel's ephemeral range (32768 and up on Linux): a port the kernel hands
+# out for bind(0) can be taken as the local port of some outgoing connection before the service
+# binds it (seen in CI: "Address already in use" on a port found free a moment before).
+_PORT_RANGE = (20_000, 32_000)
+_given: set[int] = set()
+_rng = random.Random()
+
+
+def _bindable(family: socket.AddressFamily, host: str, port: int) -> bool:
+    with closing(socket.socket(family, socket.SOCK_STREAM)) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as gRPC and ZeroMQ bind
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def port_is_free(port: int) -> bool:
+    """Free on the IPv4 and IPv6 wildcards (the services listen on [::])."""
+    return _bindable(socket.AF_INET, "0.0.0.0", port) and (
+        not socket.has_ipv6 or _bindable(socket.AF_INET6, "::", port))
+
+
 def free_port() -> int:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port outside the ephemeral range, not handed out before in this session."""
+    for _ in range(1000):
+        port = _rng.randint(*_PORT_RANGE)
+        if port not in _given and port_is_free(port):
+            _given.add(port)
+            return port
+    raise RuntimeError(f"no free port in {_PORT_RANGE}")
 
 
 def endpoint_overrides(run_dir: Path) -> list[str]:

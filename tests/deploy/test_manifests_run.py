@@ -10,13 +10,11 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +24,7 @@ import yaml
 from lbc import dashboard
 from tests.deploy.manifests import by_kind, config_env, container_env, render, workloads
 from tests.deploy.test_rules import RULE, write_rules
-from tests.support import Service, metric, wait_for, wait_healthy
+from tests.support import Service, free_port, metric, port_is_free, wait_for, wait_healthy
 
 pytestmark = pytest.mark.slow
 
@@ -45,16 +43,6 @@ class Pod:
     ports: dict[str, int]
     readiness: dict
     service: Service
-
-
-def _port_free(port: int) -> bool:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-            return True
-        except OSError:
-            return False
 
 
 def _local_env(env: dict[str, str], mounts: dict[str, Path], home: Path) -> dict[str, str]:
@@ -88,7 +76,7 @@ def pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Pod]]:
         component = workload["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
         name = f"{workload['metadata']['name']}-0"
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        busy = [p for p in ports.values() if not _port_free(p)]
+        busy = [p for p in ports.values() if not port_is_free(p)]
         assert not busy, f"ports {busy} of {name} are taken on this machine; stop what uses them (a `make run`?)"
         mounts = {m["mountPath"]: root / name / m["name"] for m in container.get("volumeMounts", [])}
         for local in mounts.values():
@@ -130,12 +118,6 @@ def test_trajectories_and_parameters_flow(pods: dict[str, Pod]) -> None:
 # --- a real Prometheus over the same processes ---------------------------------------------------
 
 
-def _free_port() -> int:
-    with closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def prometheus(pods: dict[str, Pod], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = shutil.which("prometheus")
@@ -152,7 +134,7 @@ def prometheus(pods: dict[str, Pod], tmp_path_factory: pytest.TempPathFactory) -
     } for pod in pods.values()]
     config = {"global": {"evaluation_interval": "2s"}, "rule_files": ["rules.yaml"], "scrape_configs": scrape_configs}
     (root / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     log = (root / "prometheus.log").open("wb")
     proc = subprocess.Popen([binary, f"--config.file={root / 'prometheus.yml'}", f"--storage.tsdb.path={root / 'data'}",
                              f"--web.listen-address=127.0.0.1:{port}"], cwd=root, stdout=log, stderr=subprocess.STDOUT)
