@@ -81,7 +81,6 @@ class Trainer:
         self.step = 0
         # split_batch > 1: the parts run in threads with one intra-op thread each; unlike intra-op
         # parallelism they need no barrier, so a core shared with an actor is not left waiting
-        self.parts = lc.split_batch
         self.pool = ThreadPoolExecutor(lc.split_batch, thread_name_prefix="learner-part") \
             if lc.split_batch > 1 else None
 
@@ -138,8 +137,9 @@ class Trainer:
     def _split_backward(self, batch: dict[str, np.ndarray]) -> tuple[float, torch.Tensor, torch.Tensor]:
         """Loss and backward on `split_batch` parts of the batch at once, in threads (the parts' gradients,
         weighted by their share of the batch, accumulate into .grad). Returns (loss, terms, priorities)."""
+        parts = self.cfg.learner.split_batch
         size = next(iter(batch.values())).shape[0]
-        bounds = np.linspace(0, size, self.parts + 1).astype(int)
+        bounds = np.linspace(0, size, parts + 1).astype(int)
 
         def part(i: int) -> tuple[float, torch.Tensor, torch.Tensor]:
             lo, hi = bounds[i], bounds[i + 1]
@@ -152,7 +152,7 @@ class Trainer:
         if self.pool is None:
             results = [part(0)]
         else:
-            results = list(self.pool.map(part, range(self.parts)))
+            results = list(self.pool.map(part, range(parts)))
         return (sum(r[0] for r in results), sum(r[1] for r in results),
                 torch.cat([r[2] for r in results]))
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from lbc.config import load_config
+from lbc.config import CATCH_SIZING, load_config
 from lbc.sequences import sequence_layout
 from learner_svc import checkpoint
 from learner_svc.training import Trainer, schedule_factor
@@ -54,7 +54,6 @@ def test_trainer_fits_a_fixed_batch(core):
 
 @pytest.mark.parametrize("preset", ["gdi-i3", "gdi-h3", "dice", "cpu"])
 def test_every_target_policy_trains_with_finite_losses(preset):
-    from lbc.config import CATCH_SIZING
     cfg = load_config(preset, {**CATCH_SIZING, "learner": {**CATCH_SIZING["learner"], "warmup_steps": 0}})
     trainer = Trainer(cfg)
     rng = np.random.default_rng(1)
