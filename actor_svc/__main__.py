@@ -12,13 +12,15 @@ import numpy as np
 import torch
 from prometheus_client import Counter, Gauge
 
+from actor_svc.ngu_acting import NguActing
 from actor_svc.peers import BehaviourSource, EpisodeBehaviour, ParamPuller, SequenceSender
 from actor_svc.sequencer import SequenceBuilder
 from lbc.behaviour import behaviour_probs, sample_actions
 from lbc.config import Config
 from lbc.envs import make_envs
-from lbc.nets import build_net
+from lbc.nets import build_agent
 from lbc.scores import human_normalised
+from lbc.sequences import observation_extras
 from lbc.service import (
     Backoff,
     base_parser,
@@ -36,11 +38,17 @@ EPISODES = Counter("lbc_actor_episodes_total", "Episodes finished")
 RETURN_LAST = Gauge("lbc_actor_episode_return", "Return of the last finished episode")
 RETURN_MEAN = Gauge("lbc_actor_return_mean100", "Mean return of the last 100 episodes")
 RETURN_COUNT = Gauge("lbc_actor_return_window", "Episodes in the return window (up to 100)")
+EXPLOIT_MEAN = Gauge("lbc_actor_exploit_return_mean100", "NGU: mean return of the last 100 episodes of j = 0")
+EXPLOIT_COUNT = Gauge("lbc_actor_exploit_return_window", "NGU: episodes in the j = 0 return window (up to 100)")
 HNS_MEAN = Gauge("lbc_actor_hns_mean100", "Human-normalised score of the mean return of the last 100 episodes")
 # A recurrent core whose cell state runs away saturates tanh(c): no gradient reaches the torso.
 LSTM_CELL = Gauge("lbc_actor_lstm_cell_abs_mean", "Mean |c| of the actors' LSTM cell state (saturation watch)")
 INFER_SECONDS = Counter("lbc_actor_inference_seconds_total", "Seconds in the network forward pass")
 ENV_SECONDS = Counter("lbc_actor_env_seconds_total", "Seconds stepping the environments")
+INTRINSIC_MEAN = Gauge("lbc_actor_intrinsic_reward_mean", "NGU: mean intrinsic reward r^i over the environments, "
+                                                            "last step")
+INTRINSIC_SECONDS = Counter("lbc_actor_intrinsic_seconds_total",
+                            "Seconds computing NGU's intrinsic rewards (embedding, RND, episodic memory)")
 
 
 def actor_seed(base: int, index: int, name: str | None) -> int:
@@ -68,14 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     seed = actor_seed(cfg.env.seed, args.index, args.actor_id)
     envs = make_envs(cfg.env, num_envs, seed=seed)
     spec = envs.spec
-    net = build_net(cfg, spec.obs_shape, spec.num_actions).eval()
-    puller = ParamPuller(cfg, actor_id, net)
+    agent = build_agent(cfg, spec.obs_shape, spec.num_actions).eval()
+    net = agent.net if cfg.ngu.enabled else agent
+    ngu = NguActing(cfg, args.index, num_envs, agent.aux) if cfg.ngu.enabled else None
+    puller = ParamPuller(cfg, actor_id, agent)
     behaviours = BehaviourSource(cfg, actor_id)
     sender = SequenceSender(cfg, actor_id, stop)
     n = cfg.num_components
     heads = torch.tensor(cfg.components)
     builder = SequenceBuilder(num_envs, cfg.sequence.burn_in, cfg.sequence.length, spec.obs_shape,
-                              cfg.net.lstm, 2 * n)
+                              cfg.net.lstm, 2 * n, observation_extras(cfg))
     server, health = grpc_server(f"[::]:{cfg.endpoints.actor_health_base + args.index}", workers=2)
     server.start()
     start_metrics(cfg.endpoints.actor_metrics_base + args.index)
@@ -95,11 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     prev_reward = np.zeros(num_envs, np.float32)
     reset = np.ones(num_envs, bool)
     episode: list[EpisodeBehaviour] = [behaviours.next() for _ in range(num_envs)]
+    for e, chosen in enumerate(episode if ngu else []):
+        ngu.new_episode(e, chosen.mixture)
     # psi per environment, recorded with every step; tau and omega are views of it for the forward pass
     psi = np.array([np.concatenate([b.tau, b.omega]) for b in episode], dtype=np.float32)
     tau, omega = torch.from_numpy(psi[:, :n]), torch.from_numpy(psi[:, n:])
     ep_return = np.zeros(num_envs)
     recent: deque[float] = deque(maxlen=100)
+    recent_exploit: deque[float] = deque(maxlen=100)   # NGU: episodes played by j = 0
     episodes = 0
     frame_skip = cfg.env.frameskip if cfg.env.kind == "atari" else 1
     steps = 0
@@ -107,15 +120,20 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.is_set():
         if steps % cfg.actor.pull_every == 0 and steps > 0:
             puller.pull()
+        t0 = time.perf_counter()
+        fields = ngu.observe(obs, reset) if ngu else {}
+        INTRINSIC_SECONDS.inc(time.perf_counter() - t0)
         for seq, version in builder.observe(obs, prev_action, prev_reward, reset, state[0].numpy(),
-                                            state[1].numpy(), puller.version):
+                                            state[1].numpy(), puller.version, fields):
             if not sender.send(seq, version):
                 break
         t0 = time.perf_counter()
         with torch.no_grad():
             out = net(torch.from_numpy(obs)[None], torch.from_numpy(prev_action)[None],
-                      torch.from_numpy(prev_reward)[None], torch.from_numpy(reset)[None], state)
-            probs = behaviour_probs(cfg.behaviour.family, out.adv[0][:, heads], tau, omega)
+                      torch.from_numpy(prev_reward)[None], torch.from_numpy(reset)[None], state,
+                      ngu.core_inputs(fields) if ngu else None)
+            probs = ngu.behaviour(out) if ngu else \
+                behaviour_probs(cfg.behaviour.family, out.adv[0][:, heads], tau, omega)
             actions, mu = sample_actions(probs, generator)
         t1 = time.perf_counter()
         action_np = actions.numpy()
@@ -128,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         ep_return += result.reward
         for e in np.flatnonzero(result.done):
             recent.append(float(ep_return[e]))
+            if ngu and ngu.mixture[e] == 0:
+                recent_exploit.append(float(ep_return[e]))
+                EXPLOIT_MEAN.set(float(np.mean(recent_exploit)))
+                EXPLOIT_COUNT.set(len(recent_exploit))
             episodes += 1
             EPISODES.inc()
             RETURN_LAST.set(ep_return[e])
@@ -135,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             ep_return[e] = 0.0
             episode[e] = behaviours.next()
             psi[e] = np.concatenate([episode[e].tau, episode[e].omega])
+            if ngu:
+                ngu.new_episode(e, episode[e].mixture)
         if result.done.any():
             RETURN_MEAN.set(float(np.mean(recent)))
             RETURN_COUNT.set(len(recent))
@@ -152,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         FRAMES.inc(num_envs * frame_skip)
         if steps % 100 == 0:
             LSTM_CELL.set(float(state[1].abs().mean()))
+            if ngu:
+                INTRINSIC_MEAN.set(float(fields["prev_intrinsic"].mean()))
         if time.monotonic() - last_log > 30:
             last_log = time.monotonic()
             mean = float(np.mean(recent)) if recent else float("nan")

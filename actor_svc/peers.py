@@ -71,10 +71,15 @@ class EpisodeBehaviour:
     episode_id: str          # "" when chosen locally (bandit unreachable or no control)
     tau: list[float]
     omega: list[float]
+    mixture: int | None = None   # NGU's j chosen by Agent57's meta-controller; None: the environment's own
 
 
-def check_behaviour(tau: list[float], omega: list[float], components: int) -> str:
-    """Why a psi from the network cannot be used ('' if it can): K tau >= 0 and K weights >= 0 summing to 1."""
+def check_behaviour(tau: list[float], omega: list[float], components: int, mixture: int | None = None,
+                    num_mixtures: int = 0) -> str:
+    """Why a psi from the network cannot be used ('' if it can): K tau >= 0 and K weights >= 0 summing to 1,
+    and when the bandit chooses NGU's j (num_mixtures > 0), a j in [0, N)."""
+    if num_mixtures and (mixture is None or not 0 <= mixture < num_mixtures):
+        return f"mixture {mixture} outside [0, {num_mixtures})"
     if len(tau) != components or len(omega) != components:
         return f"{len(tau)} tau and {len(omega)} omega for {components} behaviour components"
     if not all(math.isfinite(v) and v >= 0.0 for v in (*tau, *omega)):
@@ -89,6 +94,8 @@ class BehaviourSource:
         self.actor_id = actor_id
         n = cfg.num_components
         self.num_components = n
+        # Agent57: the bandit chooses j, so a reply without a valid one is refused
+        self.num_mixtures = cfg.ngu.num_mixtures if cfg.bandit.algorithm == "sliding_window_ucb" else 0
         self.default = EpisodeBehaviour("", [cfg.behaviour.fixed_tau] * n, [1.0 / n] * n)
         self.client = BanditClient(cfg.endpoints.bandit, min(cfg.endpoints.rpc_timeout_s, 1.0)) \
             if cfg.behaviour.controlled else None
@@ -115,12 +122,13 @@ class BehaviourSource:
             FALLBACKS.inc()
             return self.default
         self._delay = 0.5
-        problem = check_behaviour(list(b.tau), list(b.omega), self.num_components)
+        mixture = b.mixture if b.HasField("mixture") else None
+        problem = check_behaviour(list(b.tau), list(b.omega), self.num_components, mixture, self.num_mixtures)
         if problem:
             log.error("bandit answered an invalid psi (%s); default psi for this episode", problem)
             FALLBACKS.inc()
             return self.default
-        return EpisodeBehaviour(b.episode_id, list(b.tau), list(b.omega))
+        return EpisodeBehaviour(b.episode_id, list(b.tau), list(b.omega), mixture)
 
     def report(self, episode_id: str, episode_return: float) -> None:
         if not episode_id or not self._available():

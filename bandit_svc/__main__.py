@@ -1,5 +1,6 @@
 """bandit_svc: the meta-controller. Picks psi for every episode of every actor (population-based
-UCB bandits, LBC App. E.4), learns from the returns, and snapshots its state to disk."""
+UCB bandits, LBC App. E.4; DiCE's and GDI's bandits vote; or NGU's j by Agent57's sliding-window
+UCB), learns from the returns, and snapshots its state to disk."""
 
 from __future__ import annotations
 
@@ -47,7 +48,10 @@ class BanditServicer(lbc_pb2_grpc.BanditServiceServicer):
             PSI.labels(f"tau_{i + 1}").set(tau)
             PSI.labels(f"omega_{i + 1}").set(omega)
         ACTORS.set(len(self.state.controllers))
-        return lbc_pb2.Behavior(episode_id=episode_id, tau=choice.tau, omega=choice.omega, arms=choice.arms)
+        if choice.mixture is not None:
+            PSI.labels("mixture").set(choice.mixture)
+        return lbc_pb2.Behavior(episode_id=episode_id, tau=choice.tau, omega=choice.omega, arms=choice.arms,
+                                mixture=choice.mixture)
 
     def ReportReturn(self, request: lbc_pb2.ReturnReport, context: grpc.ServicerContext) -> lbc_pb2.ReportReply:
         if not math.isfinite(request.episode_return):

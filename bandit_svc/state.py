@@ -11,11 +11,11 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from lbc.bandit import BehaviourController, Choice, Discretisation
+from lbc.bandit import BehaviourController, Choice, Discretisation, MixtureController
 from lbc.bva import BvaController
 from lbc.config import Config
 
-SNAPSHOT_FORMAT = 2   # 2: BVA controllers hold one ensemble per dimension
+SNAPSHOT_FORMAT = 3   # 2: BVA controllers hold one ensemble per dimension; 3: the layout names NGU's N
 MAX_PENDING_PER_ACTOR = 4096
 
 
@@ -30,14 +30,16 @@ class BanditState:
         self.tau_dim = Discretisation(*b.tau_range, b.tau_accuracy)
         self.omega_dim = Discretisation(*b.omega_range, b.omega_accuracy)
         self.lock = threading.Lock()
-        self.controllers: dict[str, BehaviourController | BvaController] = {}
+        self.controllers: dict[str, BehaviourController | BvaController | MixtureController] = {}
         self.pending: dict[str, OrderedDict[str, tuple[int, ...]]] = {}
         self.next_episode: dict[str, int] = {}
         k = cfg.num_components
-        self.dimension_names = BvaController.dimension_names(k) if cfg.bandit.algorithm == "bva" else \
-            BehaviourController.dimension_names(k)
+        self.dimension_names = {"bva": lambda: BvaController.dimension_names(k),
+                                "sliding_window_ucb": MixtureController.dimension_names,
+                                "population_ucb": lambda: BehaviourController.dimension_names(k)}[
+            cfg.bandit.algorithm]()
 
-    def _controller(self, actor_id: str) -> BehaviourController | BvaController:
+    def _controller(self, actor_id: str) -> BehaviourController | BvaController | MixtureController:
         if actor_id not in self.controllers:
             bc, b = self.cfg.bandit, self.cfg.behaviour
             seed = bc.seed * 1_000_003 + zlib.crc32(actor_id.encode())
@@ -46,6 +48,10 @@ class BanditState:
                     b.tau_range, bc.bva_accuracy, bc.population, bc.top_d, bc.bva_ucb_c, bc.normalise_values,
                     bc.learn, seed, components=self.cfg.num_components, widths=bc.bva_widths,
                     epsilon_accuracy=bc.bva_epsilon_accuracy)
+            elif bc.algorithm == "sliding_window_ucb":
+                ng = self.cfg.ngu
+                self.controllers[actor_id] = MixtureController(
+                    ng.num_mixtures, ng.window, ng.ucb_beta, ng.ucb_epsilon, b.fixed_tau, seed, learn=bc.learn)
             else:
                 self.controllers[actor_id] = BehaviourController(
                     self.cfg.num_components, self.tau_dim, self.omega_dim, bc.population, bc.c_range, bc.top_d,
@@ -98,7 +104,7 @@ class BanditState:
     def _layout(self) -> dict[str, Any]:
         return {"components": self.cfg.num_components, "tau_arms": self.tau_dim.num_arms,
                 "omega_arms": self.omega_dim.num_arms, "population": self.cfg.bandit.population,
-                "algorithm": self.cfg.bandit.algorithm}
+                "algorithm": self.cfg.bandit.algorithm, "mixtures": self.cfg.ngu.num_mixtures}
 
     def load_dict(self, d: dict[str, Any]) -> None:
         if d.get("format") != SNAPSHOT_FORMAT:

@@ -132,6 +132,7 @@ class Choice:
     arms: tuple[int, ...]         # one per dimension
     tau: tuple[float, ...]        # tau_i (or epsilon_i for the epsilon-greedy family)
     omega: tuple[float, ...]      # normalised to sum to 1
+    mixture: int | None = None    # NGU's j (Agent57's meta-controller), else None
 
 
 class BehaviourController:
@@ -222,3 +223,52 @@ class SlidingWindowUCB:
 
     def update(self, arm: int, episode_return: float) -> None:
         self.history.append((arm, float(episode_return)))
+
+
+class MixtureController:
+    """Agent57's meta-controller for one actor: a sliding-window UCB over NGU's mixture index j, learning
+    from each episode's extrinsic return. Same interface as BehaviourController; psi stays fixed
+    (tau = fixed_tau, omega = 1), the choice is Choice.mixture."""
+
+    def __init__(self, num_mixtures: int, window: int, beta: float, epsilon: float, fixed_tau: float,
+                 seed: int, learn: bool = True) -> None:
+        self.ucb = SlidingWindowUCB(num_mixtures, window, beta, epsilon)
+        self.learn = learn
+        self.fixed_tau = fixed_tau
+        self.rng = np.random.default_rng(seed)
+        self.selections = np.zeros(num_mixtures, np.int64)
+        self.episodes = 0
+
+    @staticmethod
+    def dimension_names() -> list[str]:
+        return ["mixture"]
+
+    def select(self) -> Choice:
+        j = self.ucb.select(self.rng) if self.learn else int(self.rng.integers(self.ucb.num_arms))
+        self.selections[j] += 1
+        return Choice(arms=(j,), tau=(self.fixed_tau,), omega=(1.0,), mixture=j)
+
+    def update(self, arms: tuple[int, ...], episode_return: float) -> None:
+        self.episodes += 1
+        if self.learn:
+            self.ucb.update(arms[0], episode_return)
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Times each j was chosen, and its mean return over the window (0 where unplayed)."""
+        counts, sums = self.ucb.stats()
+        return [{"name": "mixture", "selections": self.selections.tolist(),
+                 "mean_return": (sums / np.maximum(counts, 1)).tolist()}]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"history": [list(h) for h in self.ucb.history], "selections": self.selections.tolist(),
+                "episodes": self.episodes, "rng": self.rng.bit_generator.state}
+
+    def load_dict(self, d: dict[str, Any]) -> None:
+        history = [(int(j), float(g)) for j, g in d["history"]]
+        if any(not 0 <= j < self.ucb.num_arms for j, _ in history) or len(d["selections"]) != self.ucb.num_arms:
+            raise ValueError(f"bandit snapshot's mixture indices do not fit N = {self.ucb.num_arms}")
+        self.ucb.history.clear()
+        self.ucb.history.extend(history)
+        self.selections = np.asarray(d["selections"], np.int64)
+        self.episodes = int(d["episodes"])
+        self.rng.bit_generator.state = d["rng"]

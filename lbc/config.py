@@ -74,7 +74,8 @@ class BanditConfig(_Section):
     Or DiCE's Bandits Vote Algorithm (`bva`, App. A): `population` tile-coded bandits each proposing
     `top_d` candidates over x = log(1 + tau) at `bva_accuracy`."""
 
-    algorithm: Literal["population_ucb", "bva"] = "population_ucb"
+    algorithm: Literal["population_ucb", "bva", "sliding_window_ucb"] = Field(
+        "population_ucb", description="sliding_window_ucb: Agent57's choice of NGU's j per episode (ngu.window, ...)")
     learn: bool = Field(True, description="False: the bandits never learn, psi is drawn at random (ablations)")
     population: int = Field(7, ge=1)
     c_range: tuple[float, float] = (0.5, 1.5)
@@ -155,6 +156,40 @@ class ActorConfig(_Section):
     threads: int = Field(1, ge=1)
 
 
+class NguConfig(_Section):
+    """Never Give Up (Badia et al. 2020): one Q-network conditioned on the mixture index j, trained
+    on r^e + beta_j r^i with gamma_j; the intrinsic reward r^i from an episodic memory of learned
+    embeddings, modulated by random network distillation. Values from NGU Table 6 unless noted."""
+
+    enabled: bool = False
+    num_mixtures: int = Field(32, ge=2, description="N, the family (beta_j, gamma_j), j = 0..N-1")
+    beta: float = Field(0.3, ge=0.0, description="intrinsic reward scale of the most exploratory member")
+    gamma_max: float = Field(0.997, gt=0.0, lt=1.0)
+    gamma_min: float = Field(0.99, gt=0.0, lt=1.0)
+    embedding_dim: int = Field(32, ge=1, description="p, the size of the controllable-state embedding")
+    rnd_dim: int = Field(128, ge=1)
+    memory_capacity: int = Field(30_000, ge=1, description="episodic memory slots per environment (ring)")
+    neighbours: int = Field(10, ge=1, description="k of the k-nearest-neighbour pseudo-count")
+    kernel_eps: float = Field(1e-3, gt=0.0, description="docs/decisions.md 21")
+    pseudo_count_c: float = Field(1e-3, gt=0.0)
+    cluster_xi: float = Field(8e-3, ge=0.0)
+    max_similarity: float = Field(8.0, gt=0.0)
+    max_modulation: float = Field(5.0, ge=1.0, description="L, the clip of the RND modulator")
+    target_update_every: int = Field(1500, ge=1, description="learner steps between target-network copies")
+    aux_steps: int = Field(5, ge=1, description="last steps of each sequence the embedding and RND train on")
+    aux_learning_rate: float = Field(5e-4, gt=0.0)
+    inverse_l2: float = Field(1e-5, ge=0.0, description="L2 weight on the action-prediction head")
+    retrace_lambda: float = Field(0.95, ge=0.0, le=1.0)
+    target_epsilon: float = Field(0.01, ge=0.0, le=1.0, description="epsilon of the greedy target policy")
+    value_rescale_eps: float = Field(1e-3, gt=0.0, description="epsilon of h(z) (R2D2)")
+    actor_epsilon_base: float = Field(0.4, gt=0.0, le=1.0, description="eps_e = base^(1 + alpha e / (E - 1))")
+    actor_epsilon_alpha: float = Field(7.0, ge=0.0)
+    # Agent57's sliding-window UCB over j (used when behaviour.controlled, docs/decisions.md 22)
+    window: int = Field(160, ge=1, description="episodes in the meta-controller's window")
+    ucb_beta: float = Field(1.0, ge=0.0)
+    ucb_epsilon: float = Field(0.5, ge=0.0, le=1.0, description="chance of a uniform j")
+
+
 class Endpoints(_Section):
     """Where services listen and find each other. On Kubernetes these are service names."""
 
@@ -191,6 +226,7 @@ class Config(BaseSettings):
     replay: ReplayConfig = ReplayConfig()
     learner: LearnerConfig = LearnerConfig()
     actor: ActorConfig = ActorConfig()
+    ngu: NguConfig = NguConfig()
     endpoints: Endpoints = Endpoints()
 
     @property
@@ -238,11 +274,27 @@ class Config(BaseSettings):
             raise ValueError("learner.target_policy=behaviour_temperature needs one component per policy")
         if self.behaviour.family == "epsilon_greedy_mixture" and self.behaviour.tau_range[1] > 1.0:
             raise ValueError("behaviour.tau_range holds epsilon for epsilon_greedy_mixture and must lie in [0, 1]")
+        if self.ngu.enabled:
+            self._check_ngu()
+        elif self.bandit.algorithm == "sliding_window_ucb":
+            raise ValueError("bandit.algorithm=sliding_window_ucb chooses NGU's j and needs ngu.enabled=true")
         for name in ("tau_range", "omega_range"):
             lo, hi = getattr(self.behaviour, name)
             if not 0.0 <= lo < hi:
                 raise ValueError(f"behaviour.{name} must satisfy 0 <= low < high, got {(lo, hi)}")
         return self
+
+    def _check_ngu(self) -> None:
+        if self.num_policies != 1:
+            raise ValueError("ngu.enabled: one policy (the j-conditioned Q-network) is needed; its gamma is "
+                             "replaced by gamma_j")
+        if self.behaviour.controlled and self.bandit.algorithm != "sliding_window_ucb":
+            raise ValueError("ngu.enabled with behaviour.controlled needs bandit.algorithm=sliding_window_ucb "
+                             "(Agent57); NGU itself fixes j per environment (behaviour.controlled=false)")
+        if self.ngu.gamma_min > self.ngu.gamma_max:
+            raise ValueError("ngu.gamma_min must not exceed ngu.gamma_max")
+        if self.ngu.aux_steps > self.sequence.length:
+            raise ValueError("ngu.aux_steps cannot exceed sequence.length")
 
     @classmethod
     def settings_customise_sources(
@@ -368,6 +420,34 @@ _GDI_H3: dict[str, Any] = {
     "behaviour": {**_GDI_I3["behaviour"], "component_heads": [0, 1]},
 }
 
+# NGU (P3, App. A, Table 6) sized like `cpu`: one Q-network conditioned on j (one-hot) and on the
+# intrinsic reward, epsilon-greedy actors with j fixed per environment, the intrinsic reward from the
+# episodic memory and RND, transformed Retrace(0.95) with a target network, prioritised sequence replay,
+# Adam (Q: 1e-4, auxiliary: 5e-4, eps 1e-4), clip 40, unclipped rewards (h rescales them). One actor of
+# 16 environments plays 16 mixture members (the paper: N = 32 over hundreds of actors; --set
+# ngu.num_mixtures=32 with two actors or 32 environments). docs/decisions.md 27.
+_NGU: dict[str, Any] = {
+    "policies": [{"gamma": 0.997, "reward_shaping": "identity"}],
+    "net": {"torso": "small"},
+    "behaviour": {"controlled": False},
+    "sequence": {"burn_in": 10, "length": 20},
+    "replay": {**_CPU["replay"], "prioritised": True, "priority_exponent": 0.9, "importance_exponent": 0.6,
+               "priority_eta": 0.9},
+    "learner": {"batch_size": 16, "optimiser": "adamw", "learning_rate": 1e-4, "warmup_steps": 0,
+                "anneal_steps": 1_000_000_000, "weight_decay": 0.0, "adam_betas": [0.9, 0.999], "adam_eps": 1e-4,
+                "clip_norm": 40.0, "checkpoint_every": 500, "threads": 1, "split_batch": 2},
+    "actor": {"pull_every": 64},
+    "env": {"num_envs": 16},
+    "ngu": {"enabled": True, "num_mixtures": 16},
+}
+# Agent57-style selection (Badia et al. 2020a, App. D): NGU with j chosen per episode by a sliding-window
+# UCB bandit per actor in bandit_svc, from the episode's extrinsic return.
+_AGENT57: dict[str, Any] = {
+    **_NGU,
+    "behaviour": {"controlled": True},
+    "bandit": {"algorithm": "sliding_window_ucb"},
+}
+
 # Sizes for the built-in Catch game (minutes on two cores), laid over any preset for the end-to-end tests.
 CATCH_SIZING: dict[str, Any] = {
     "env": {"kind": "catch", "num_envs": 8},
@@ -399,6 +479,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "dice-random": _DICE_RANDOM,
     "gdi-i3": _GDI_I3,
     "gdi-h3": _GDI_H3,
+    "ngu": _NGU,
+    "agent57": _AGENT57,
     "catch": _CATCH,
 }
 

@@ -60,6 +60,14 @@ def scrape(port: int, timeout: float = 1.0) -> dict[str, list[tuple[dict[str, st
     return out
 
 
+def pooled(actor_metrics: list[dict], prefix: str) -> tuple[float | None, float]:
+    """The actors' <prefix>_mean100 gauges pooled by their <prefix>_window sizes: (mean, episodes)."""
+    window = [(value(m, f"{prefix}_mean100"), value(m, f"{prefix}_window")) for m in actor_metrics]
+    weighted = [(r * n, n) for r, n in window if r is not None and n]
+    episodes = sum(n for _, n in weighted)
+    return (sum(a for a, _ in weighted) / episodes if weighted else None), episodes
+
+
 def value(samples: dict, name: str, **labels: str) -> float | None:
     for got, v in samples.get(name, []):
         if all(got.get(k) == want for k, want in labels.items()):
@@ -84,9 +92,8 @@ class Progress:
         learner, replay, bandit = scrape(e.learner_metrics), scrape(e.replay_metrics), scrape(e.bandit_metrics)
         frames = sum(value(m, "lbc_actor_frames_total") or 0.0 for m in actor_metrics)
         episodes = sum(value(m, "lbc_actor_episodes_total") or 0.0 for m in actor_metrics)
-        window = [(value(m, "lbc_actor_return_mean100"), value(m, "lbc_actor_return_window")) for m in actor_metrics]
-        weighted = [(r * n, n) for r, n in window if r is not None and n]
-        mean_return = sum(a for a, _ in weighted) / sum(n for _, n in weighted) if weighted else None
+        mean_return, return_window = pooled(actor_metrics, "lbc_actor_return")
+        exploit_return, exploit_window = pooled(actor_metrics, "lbc_actor_exploit_return")
         steps = value(learner, "lbc_learner_steps_total") or 0.0
         now = time.monotonic()
         fps = sps = None
@@ -99,7 +106,9 @@ class Progress:
         return {
             "time": time.time(), "frames": frames, "fps": fps, "episodes": episodes,
             "mean_return_100": mean_return,
-            "return_window": sum(n for _, n in weighted),
+            "return_window": return_window,
+            "exploit_return_100": exploit_return,   # NGU: episodes of the member j = 0
+            "exploit_window": exploit_window,
             "hns": (human_normalised(self.cfg.env.game, mean_return)
                     if mean_return is not None and self.cfg.env.kind == "atari" else None),
             "learner_steps": steps, "learner_sps": sps,
@@ -116,6 +125,9 @@ class Progress:
             counts.setdefault(labels["dimension"], {})[int(labels["arm"])] = v
         top = {}
         for dim, arms in sorted(counts.items()):
+            if dim == "mixture":   # Agent57: the most chosen j
+                top[dim] = f"=j{max(arms, key=arms.get)}"
+                continue
             lo, hi = self._region(dim, max(arms, key=arms.get))
             top[dim] = f"[{lo:.1f},{hi:.1f})" if dim.startswith("tau") else f"[{lo:.2f},{hi:.2f})"
         return top
@@ -137,7 +149,9 @@ class Progress:
 
         top = " ".join(f"{k}{v}" for k, v in r["bandit_top"].items() if not k.startswith("omega")) or "-"
         return (f"frames {f(r['frames'], ',.0f')} | {f(r['fps'], ',.0f')} f/s | episodes {f(r['episodes'], '.0f')} | "
-                f"return100 {f(r['mean_return_100'], '.2f')} | HNS {f(r['hns'], '.3f')} | "
+                f"return100 {f(r['mean_return_100'], '.2f')}"
+                + (f" (j=0: {f(r['exploit_return_100'], '.2f')})" if r.get("exploit_return_100") is not None else "")
+                + f" | HNS {f(r['hns'], '.3f')} | "
                 f"learner {f(r['learner_steps'], '.0f')} steps {f(r['learner_sps'], '.2f')}/s | "
                 f"version {f(r['version'], '.0f')} lag {f(r['lag'], '.1f')} | replay {f(r['replay_fill'], '.0%')} | "
                 f"bandit {top}")
@@ -229,8 +243,10 @@ def main(argv: list[str] | None = None) -> int:
                 metrics_log.write(json.dumps(record) + "\n")
                 metrics_log.flush()
                 print(f"[{time.monotonic() - started:6.0f}s] {Progress.line(record)}", flush=True)
-                if (args.until_return is not None and record["return_window"] >= 100
-                        and record["mean_return_100"] >= args.until_return):
+                # NGU's own measure is its exploitative member's return (its others explore on purpose)
+                key, window = (("exploit_return_100", "exploit_window") if cfg.ngu.enabled
+                               else ("mean_return_100", "return_window"))
+                if args.until_return is not None and record[window] >= 100 and record[key] >= args.until_return:
                     print(f"lbc: mean return reached {args.until_return}", flush=True)
                     break
                 if (args.until_learner_steps is not None and (record["learner_steps"] or 0) >= args.until_learner_steps

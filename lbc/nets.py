@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from lbc.ngu_nets import NguAgent, NguAux
+
 
 class _ConvTorso(nn.Module):
     """Convolutions, then fc `hidden` + ReLU.
@@ -146,12 +148,14 @@ class NetOutput:
 
 
 class LBCNet(nn.Module):
-    """Torso -> LSTM core (input: features, one-hot previous action, clipped previous reward) -> N heads."""
+    """Torso -> LSTM core (input: features, one-hot previous action, clipped previous reward, and
+    `extra_inputs` more per step, e.g. NGU's one-hot j and intrinsic reward) -> N heads."""
 
     def __init__(self, torso: str, obs_shape: tuple[int, ...], num_actions: int, num_policies: int,
-                 hidden: int = 256, lstm: int = 256, core: str = "layernorm_lstm") -> None:
+                 hidden: int = 256, lstm: int = 256, core: str = "layernorm_lstm", extra_inputs: int = 0) -> None:
         super().__init__()
         self.num_actions = num_actions
+        self.extra_inputs = extra_inputs
         self.num_policies = num_policies
         self.lstm_size = lstm
         if torso == "small":
@@ -162,7 +166,7 @@ class LBCNet(nn.Module):
             self.torso = MlpTorso(obs_shape, hidden)
         else:
             raise ValueError(f"unknown torso {torso!r}")
-        self.core = CORES[core](hidden + num_actions + 1, lstm)
+        self.core = CORES[core](hidden + num_actions + 1 + extra_inputs, lstm)
         self.heads = nn.Linear(lstm, num_policies * (num_actions + 1))
 
     def set_channels_last(self, enabled: bool) -> LBCNet:
@@ -183,9 +187,13 @@ class LBCNet(nn.Module):
         prev_reward: torch.Tensor,
         reset: torch.Tensor,
         state: tuple[torch.Tensor, torch.Tensor],
+        extra: torch.Tensor | None = None,
     ) -> NetOutput:
         """obs [T, B, *obs_shape] uint8; prev_action [T, B] int64; prev_reward [T, B] raw reward;
-        reset [T, B] bool, True where x_t starts an episode (the state is zeroed before the step)."""
+        reset [T, B] bool, True where x_t starts an episode (the state is zeroed before the step);
+        extra [T, B, extra_inputs] when the net has extra inputs."""
+        if (extra is None) != (self.extra_inputs == 0):
+            raise ValueError(f"this net takes {self.extra_inputs} extra inputs per step")
         steps, batch = obs.shape[:2]
         x = obs.reshape(steps * batch, *obs.shape[2:])
         if isinstance(self.torso, _ConvTorso):   # lay out the uint8 frames, so the float copy is the only big one
@@ -193,7 +201,8 @@ class LBCNet(nn.Module):
         x = x.float().div_(255.0)
         feats = self.torso(x).view(steps, batch, -1)
         one_hot = nn.functional.one_hot(prev_action, self.num_actions).to(feats.dtype)
-        core_in = torch.cat([feats, one_hot, prev_reward.clamp(-1.0, 1.0).unsqueeze(-1).to(feats.dtype)], -1)
+        parts = [feats, one_hot, prev_reward.clamp(-1.0, 1.0).unsqueeze(-1).to(feats.dtype)]
+        core_in = torch.cat(parts if extra is None else [*parts, extra.to(feats.dtype)], -1)
         keep = (~reset).to(feats.dtype).unsqueeze(-1)
         core_out, (h, c) = self.core(core_in, keep, state)
         heads = self.heads(core_out).view(steps, batch, self.num_policies, self.num_actions + 1)
@@ -203,6 +212,17 @@ class LBCNet(nn.Module):
 
 
 def build_net(cfg, obs_shape: tuple[int, ...], num_actions: int) -> LBCNet:
-    """The network the configuration describes (cfg: lbc.config.Config)."""
+    """The network the configuration describes (cfg: lbc.config.Config). NGU's is conditioned on the
+    one-hot mixture index j and the intrinsic reward (lbc.ngu.core_inputs)."""
+    extra = cfg.ngu.num_mixtures + 1 if cfg.ngu.enabled else 0
     return LBCNet(cfg.net.torso, obs_shape, num_actions, cfg.num_policies, cfg.net.hidden, cfg.net.lstm,
-                  cfg.net.core)
+                  cfg.net.core, extra_inputs=extra)
+
+
+def build_agent(cfg, obs_shape: tuple[int, ...], num_actions: int) -> nn.Module:
+    """What the learner publishes and checkpoints and an actor loads: the net, or for NGU an NguAgent
+    (the net with the embedding and RND networks, whose random RND target travels with it)."""
+    net = build_net(cfg, obs_shape, num_actions)
+    if not cfg.ngu.enabled:
+        return net
+    return NguAgent(net, NguAux(obs_shape, num_actions, cfg.ngu.embedding_dim, cfg.ngu.rnd_dim))

@@ -5,9 +5,10 @@
 - `EpisodicMemory`: Algorithm 1's k-nearest-neighbour pseudo-count over an episode's embeddings.
 - `RunningMeanStd` and `lifelong_modulator`: RND's alpha_t = 1 + (err - mu_e) / sigma_e.
 - `intrinsic_reward`: eq. 1, r^i = r^episodic * min(max(alpha, 1), L).
-The embedding (inverse dynamics) and RND networks are in lbc.ngu_nets. Wiring into the services
-(the j-conditioned Q-network with a target network, the actor's memory per episode, the learner's
-auxiliary losses) is issue 4's remaining work.
+- `IntrinsicRewards`: one actor's r^i for its vector of environments.
+- `environment_mixtures`, `environment_epsilons`, `core_inputs`: what an actor's environments play.
+The embedding (inverse dynamics) and RND networks are in lbc.ngu_nets; the learner's loss in
+learner_svc.ngu_training, the actor's part in actor_svc.ngu_acting.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 
 def mixture_family(n: int, beta: float = 0.3, gamma_max: float = 0.997,
@@ -72,10 +74,10 @@ class EpisodicMemory:
             self._add(embedding)
             return 0.0
         sq = ((self.slots[: self.size] - embedding) ** 2).sum(-1)
-        nearest = np.sort(sq)[: self.k]
-        for d in nearest:                                   # running mean of the k-NN squared distances
-            self.mean_count += 1
-            self.mean_sq_dist += (float(d) - self.mean_sq_dist) / self.mean_count
+        nearest = np.partition(sq, self.k - 1)[: self.k] if sq.shape[0] > self.k else sq
+        # running mean of all k-NN squared distances: the cumulative mean, updated by the batch at once
+        self.mean_count += nearest.shape[0]
+        self.mean_sq_dist += (float(nearest.sum()) - nearest.shape[0] * self.mean_sq_dist) / self.mean_count
         normalised = nearest / max(self.mean_sq_dist, 1e-12)
         clustered = np.maximum(normalised - self.xi, 0.0)
         kernel = self.kernel_eps / (clustered + self.kernel_eps)
@@ -149,3 +151,23 @@ class IntrinsicRewards:
             episodic[e] = memory.reward(embeddings[e])
         self.rnd_stats.update(rnd_errors)
         return intrinsic_reward(episodic, lifelong_modulator(rnd_errors, self.rnd_stats), self.max_modulation)
+
+
+def environment_mixtures(actor_index: int, num_envs: int, n: int) -> np.ndarray:
+    """j of each environment of an actor: environment e of actor i is NGU's actor i * E + e, and plays
+    j = (i * E + e) mod N (policy_index), so one actor of E >= N environments covers the family."""
+    return np.array([policy_index(actor_index * num_envs + e, n) for e in range(num_envs)], np.int64)
+
+
+def environment_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
+    """epsilon of each environment of an actor: the actor_epsilons schedule over its E environments,
+    largest last, so that j = 0 (the exploitative member) acts most greedily when E = N
+    (docs/decisions.md 27)."""
+    return actor_epsilons(num_envs, base, alpha)[::-1].copy()
+
+
+def core_inputs(mixture: torch.Tensor, intrinsic: torch.Tensor, n: int) -> torch.Tensor:
+    """The Q-network's extra inputs at x_t (NGU sec. 3): one-hot j [..., N] and the intrinsic reward of
+    arriving at x_t [..., 1]."""
+    one_hot = torch.nn.functional.one_hot(mixture.long(), n).to(intrinsic.dtype)
+    return torch.cat([one_hot, intrinsic.unsqueeze(-1)], dim=-1)

@@ -6,7 +6,8 @@
   ||g^(x) - g(x)||^2 is the life-long novelty that lbc.ngu.lifelong_modulator normalises.
 App. H's figures are missing from the text; the layer sizes are the digest's reading (seeds_003_004
 A4): three convolutions 32@8x8/4, 64@4x4/2, 64@3x3/1, then a linear layer; the inverse head is one
-hidden layer of 128.
+hidden layer of 128. On the small built-in games (Catch) the convolutions are one fully connected
+layer of 64.
 """
 
 from __future__ import annotations
@@ -20,25 +21,30 @@ def newest_frame(obs: torch.Tensor) -> torch.Tensor:
     return obs[:, -1:].float().div(255.0)
 
 
-def _conv_torso(image_size: int) -> tuple[nn.Sequential, int]:
-    convs = nn.Sequential(nn.Conv2d(1, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-                          nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+def _torso(frame_size: tuple[int, int]) -> tuple[nn.Sequential, int]:
+    """Three convolutions on an Atari frame; two fully connected layers on a small one (Catch)."""
+    h, w = frame_size
+    if min(h, w) >= 36:
+        layers = nn.Sequential(nn.Conv2d(1, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                               nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+    else:
+        layers = nn.Sequential(nn.Flatten(), nn.Linear(h * w, 64), nn.ReLU())
     with torch.no_grad():
-        n = convs(torch.zeros(1, 1, image_size, image_size)).shape[-1]
-    return convs, n
+        n = layers(torch.zeros(1, 1, h, w)).shape[-1]
+    return layers, n
 
 
 class EmbeddingNet(nn.Module):
     """f: O -> R^p (p = 32, App. B.1)."""
 
-    def __init__(self, image_size: int = 84, dim: int = 32) -> None:
+    def __init__(self, frame_size: tuple[int, int] = (84, 84), dim: int = 32) -> None:
         super().__init__()
-        self.convs, n = _conv_torso(image_size)
+        self.torso, n = _torso(frame_size)
         self.out = nn.Sequential(nn.Linear(n, dim), nn.ReLU())
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """obs [N, stack, H, W] uint8 -> [N, p]."""
-        return self.out(self.convs(newest_frame(obs)))
+        return self.out(self.torso(newest_frame(obs)))
 
 
 class InverseDynamics(nn.Module):
@@ -53,22 +59,24 @@ class InverseDynamics(nn.Module):
 
 
 def inverse_dynamics_loss(embed: EmbeddingNet, head: InverseDynamics, obs: torch.Tensor, obs_next: torch.Tensor,
-                          actions: torch.Tensor, l2: float = 1e-5) -> torch.Tensor:
-    """-log p(a_t | x_t, x_{t+1}) averaged, plus l2 * ||weights of h||^2 (NGU Table 6: 1e-5)."""
-    logits = head(embed(obs), embed(obs_next))
+                          actions: torch.Tensor, l2: float = 1e-5, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """-log p(a_t | x_t, x_{t+1}) averaged over the triplets where mask is 1 (all when None), plus
+    l2 * ||weights of h||^2 (NGU Table 6: 1e-5)."""
+    nll = nn.functional.cross_entropy(head(embed(obs), embed(obs_next)), actions, reduction="none")
+    mean = nll.mean() if mask is None else (nll * mask).sum() / mask.sum().clamp_min(1.0)
     penalty = sum(p.pow(2).sum() for name, p in head.named_parameters() if name.endswith("weight"))
-    return nn.functional.cross_entropy(logits, actions) + l2 * penalty
+    return mean + l2 * penalty
 
 
 class RandomNetworkDistillation(nn.Module):
     """g (fixed, random) and g^ (trained): err(x) = ||g^(x) - g(x)||^2 (NGU sec. 2, Burda et al. 2019)."""
 
-    def __init__(self, image_size: int = 84, dim: int = 128) -> None:
+    def __init__(self, frame_size: tuple[int, int] = (84, 84), dim: int = 128) -> None:
         super().__init__()
-        convs, n = _conv_torso(image_size)
-        self.target = nn.Sequential(convs, nn.Linear(n, dim))
-        convs, n = _conv_torso(image_size)
-        self.predictor = nn.Sequential(convs, nn.Linear(n, dim))
+        torso, n = _torso(frame_size)
+        self.target = nn.Sequential(torso, nn.Linear(n, dim))
+        torso, n = _torso(frame_size)
+        self.predictor = nn.Sequential(torso, nn.Linear(n, dim))
         self.target.requires_grad_(False)
 
     def error(self, obs: torch.Tensor) -> torch.Tensor:
@@ -77,3 +85,32 @@ class RandomNetworkDistillation(nn.Module):
         with torch.no_grad():
             target = self.target(x)
         return (self.predictor(x) - target).pow(2).sum(-1)
+
+
+class NguAux(nn.Module):
+    """NGU's networks beside the Q-network: the embedding f with its inverse-dynamics head, and RND.
+    The learner trains them; actors use f and RND to compute intrinsic rewards."""
+
+    def __init__(self, obs_shape: tuple[int, ...], num_actions: int, embedding_dim: int = 32,
+                 rnd_dim: int = 128) -> None:
+        super().__init__()
+        frame = (obs_shape[-2], obs_shape[-1])
+        self.embedding = EmbeddingNet(frame, embedding_dim)
+        self.inverse = InverseDynamics(embedding_dim, num_actions)
+        self.rnd = RandomNetworkDistillation(frame, rnd_dim)
+
+    def loss(self, obs: torch.Tensor, obs_next: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor,
+             l2: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inverse-dynamics loss, RND loss) on triplets (x_t, a_t, x_{t+1}), [M, ...] each; mask [M] is 0
+        where x_{t+1} starts a new episode (no transition to predict). RND trains on every x_t."""
+        inverse = inverse_dynamics_loss(self.embedding, self.inverse, obs, obs_next, actions, l2, mask)
+        return inverse, self.rnd.error(obs).mean()
+
+
+class NguAgent(nn.Module):
+    """What an NGU learner publishes and an NGU actor loads: the Q-network and the auxiliary networks."""
+
+    def __init__(self, net: nn.Module, aux: NguAux) -> None:
+        super().__init__()
+        self.net = net
+        self.aux = aux

@@ -4,6 +4,7 @@ A sequence covers L = burn_in + length steps and L + 1 observations (the last on
 Arrays indexed by observation (length L + 1): obs, prev_action, prev_reward, reset.
 Arrays indexed by step (length L): action, reward (raw), done, behaviour_prob (mu(a_t|x_t)), psi.
 h0, c0: the LSTM state before obs[0]. Consecutive sequences of one environment overlap by burn_in.
+NGU adds, per observation: mixture (j) and prev_intrinsic (r^i of arriving at x_t, 0 at a reset).
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ import numpy as np
 from lbc.codec import CodecError, Layout, check_layout
 from lbc.config import Config
 from lbc.envs import env_spec
+
+
+def observation_extras(cfg: Config) -> dict[str, str]:
+    """Fields recorded per observation beyond the core ones: name -> dtype."""
+    return {"mixture": "int32", "prev_intrinsic": "float32"} if cfg.ngu.enabled else {}
 
 
 def sequence_layout(cfg: Config) -> Layout:
@@ -32,6 +38,7 @@ def sequence_layout(cfg: Config) -> Layout:
         "psi": ("float32", (steps, 2 * cfg.num_components)),
         "h0": ("float32", (cfg.net.lstm,)),
         "c0": ("float32", (cfg.net.lstm,)),
+        **{name: (dtype, (steps + 1,)) for name, dtype in observation_extras(cfg).items()},
     }
 
 
@@ -55,6 +62,12 @@ def validate_sequence(arrays: Mapping[str, np.ndarray], cfg: Config) -> None:
     for name in ("reward", "prev_reward", "psi", "h0", "c0"):
         if not np.all(np.isfinite(arrays[name])):
             raise CodecError(f"{name} has non-finite values")
+    if cfg.ngu.enabled:
+        mixture, intrinsic = arrays["mixture"], arrays["prev_intrinsic"]
+        if mixture.min() < 0 or mixture.max() >= cfg.ngu.num_mixtures:
+            raise CodecError(f"mixture outside [0, {cfg.ngu.num_mixtures})")
+        if not np.all(np.isfinite(intrinsic) & (intrinsic >= 0.0)):
+            raise CodecError("prev_intrinsic must be finite and non-negative")
 
 
 def stack(sequences: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -1,4 +1,5 @@
-"""learner_svc: trains every policy from replay batches and hosts the ParameterService."""
+"""learner_svc: trains every policy (or NGU's Q-network and its auxiliary networks) from replay
+batches and hosts the ParameterService."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from lbc.service import (
 from lbcproto import lbc_pb2_grpc
 from learner_svc import checkpoint
 from learner_svc.batches import BatchFetcher
+from learner_svc.ngu_training import NguTrainer
 from learner_svc.param_server import ParameterServicer, ParameterStore
 from learner_svc.training import Trainer
 
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = stop_event()
     torch.set_num_threads(cfg.learner.threads)
 
-    trainer = Trainer(cfg)
+    trainer = NguTrainer(cfg) if cfg.ngu.enabled else Trainer(cfg)
     counters = checkpoint.Counters()
     ckpt_dir = Path(cfg.run_dir) / "checkpoints"
     if args.resume:
@@ -55,16 +57,18 @@ def main(argv: list[str] | None = None) -> int:
         if found is None:
             log.warning("--resume given but no checkpoint in %s; starting fresh", ckpt_dir)
         else:
-            counters = checkpoint.load(found, trainer.model, trainer.optimiser)
+            counters = checkpoint.load(found, trainer.agent, trainer.optimiser)
             trainer.step = counters.step
+            if isinstance(trainer, NguTrainer):
+                trainer.sync_target()   # the target network is not checkpointed (docs/decisions.md 27)
             counters.version = max(counters.version, checkpoint.published_version(ckpt_dir)) + 1
             log.info("resumed from %s at step %d; publishing as version %d", found, counters.step, counters.version)
 
     store = ParameterStore()
-    store.set(counters.version, to_blob(trainer.model))
+    store.set(counters.version, to_blob(trainer.agent))
     VERSION.set(counters.version)
     server, health = grpc_server(listen_address(cfg.endpoints.params))
-    lbc_pb2_grpc.add_ParameterServiceServicer_to_server(ParameterServicer(store, shapes(trainer.model)), server)
+    lbc_pb2_grpc.add_ParameterServiceServicer_to_server(ParameterServicer(store, shapes(trainer.agent)), server)
     server.start()
     set_serving(health, ["lbc.v1.ParameterService"])
     start_metrics(cfg.endpoints.learner_metrics)
@@ -100,11 +104,11 @@ def main(argv: list[str] | None = None) -> int:
                 LOSS.labels(str(i + 1), term).set(value)
         if trainer.step % cfg.learner.push_every == 0:
             counters.version += 1
-            store.set(counters.version, to_blob(trainer.model))
+            store.set(counters.version, to_blob(trainer.agent))
             VERSION.set(counters.version)
             checkpoint.record_version(ckpt_dir, counters.version)
         if trainer.step % cfg.learner.checkpoint_every == 0:
-            path = checkpoint.save(ckpt_dir, trainer.model, trainer.optimiser, counters)
+            path = checkpoint.save(ckpt_dir, trainer.agent, trainer.optimiser, counters)
             CHECKPOINTS.inc()
             log.info("checkpoint %s", path)
         if time.monotonic() - last_log > 30:
@@ -116,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     set_serving(health, ["lbc.v1.ParameterService"], serving=False)
     if trainer.step > 0:
-        checkpoint.save(ckpt_dir, trainer.model, trainer.optimiser, counters)
+        checkpoint.save(ckpt_dir, trainer.agent, trainer.optimiser, counters)
         log.info("final checkpoint at step %d", trainer.step)
     server.stop(grace=1.0).wait()
     stop.set()

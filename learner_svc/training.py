@@ -15,7 +15,7 @@ from lbc.behaviour import log_boltzmann_mixture
 from lbc.config import Config, LearnerConfig
 from lbc.envs import env_spec
 from lbc.losses import LossScales, lbc_policy_loss
-from lbc.nets import LBCNet, build_net
+from lbc.nets import LBCNet, build_agent
 from lbc.rewards import REWARD_SHAPING
 
 
@@ -28,7 +28,7 @@ def schedule_factor(step: int, warmup: int, anneal: int) -> float:
 @dataclass
 class StepStats:
     loss: float
-    per_policy: list[dict[str, float]]   # v, q, pi, entropy per policy
+    per_policy: list[dict[str, float]]   # Trainer.TERMS per policy
     grad_norm: float
     learning_rate: float
     priorities: np.ndarray               # [B] eta max_t |TD| + (1 - eta) mean_t |TD|, max over policies (R2D2)
@@ -65,12 +65,16 @@ def build_optimiser(model: torch.nn.Module, lc: LearnerConfig) -> torch.optim.Op
 
 
 class Trainer:
+    TERMS: tuple[str, ...] = ("v", "q", "pi", "entropy")   # loss terms reported per policy
+
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         spec = env_spec(cfg.env)
         torch.manual_seed(cfg.learner.seed)
         self.device = pick_device(cfg.learner.device)
-        self.model: LBCNet = build_net(cfg, spec.obs_shape, spec.num_actions).set_channels_last(True).to(self.device)
+        # agent: what is published and checkpointed; model: the network the RL loss trains
+        self.agent = build_agent(cfg, spec.obs_shape, spec.num_actions).to(self.device)
+        self.model: LBCNet = (self.agent.net if cfg.ngu.enabled else self.agent).set_channels_last(True)
         lc = cfg.learner
         self.optimiser = build_optimiser(self.model, lc)
         self.scales = LossScales(v=lc.v_loss_scale, q=lc.q_loss_scale, pi=lc.pi_loss_scale,
@@ -104,7 +108,7 @@ class Trainer:
 
     def _loss(self, batch: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Burn-in, forward and every policy's losses for (part of) a batch: (total as a mean over time
-        and batch, terms [N, 4] of v, q, pi, entropy, priorities [B])."""
+        and batch, terms [N, len(TERMS)], priorities [B])."""
         lc = self.cfg.learner
         b = to_time_major(batch, self.device)
         burn = self.cfg.sequence.burn_in
@@ -128,11 +132,17 @@ class Trainer:
             torch.stack([shape(b["reward"][burn:]) for shape in self.shaping], dim=-1),
             not_done.unsqueeze(-1) * self.gammas, self.scales, pg_scale=pg_scale, weights=b.get("weight"),
             centre_q=lc.centre_q)
-        total = loss.total
-        eta = self.cfg.replay.priority_eta
-        priorities = (eta * loss.abs_td.max(0).values + (1 - eta) * loss.abs_td.mean(0)).max(-1).values
         terms = torch.stack([loss.v, loss.q, loss.pi, loss.entropy], dim=-1).detach()
-        return total, terms, priorities.detach()
+        return loss.total, terms, self._priorities(loss.abs_td).max(-1).values
+
+    def _priorities(self, abs_td: torch.Tensor) -> torch.Tensor:
+        """R2D2's sequence priority eta max_t |TD| + (1 - eta) mean_t |TD| over the time axis (the first)."""
+        eta = self.cfg.replay.priority_eta
+        return (eta * abs_td.max(0).values + (1 - eta) * abs_td.mean(0)).detach()
+
+    def _clip_gradients(self) -> float:
+        """Clip the gradient's global norm; returns the norm before clipping."""
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.learner.clip_norm))
 
     def _split_backward(self, batch: dict[str, np.ndarray]) -> tuple[float, torch.Tensor, torch.Tensor]:
         """Loss and backward on `split_batch` parts of the batch at once, in threads (the parts' gradients,
@@ -160,14 +170,16 @@ class Trainer:
         lc = self.cfg.learner
         factor = schedule_factor(self.step, lc.warmup_steps, lc.anneal_steps)
         for group in self.optimiser.param_groups:
+            if group.get("fixed_lr", False):   # NGU's auxiliary networks: a constant rate
+                continue
             group["lr"] = lc.learning_rate * factor
             group["weight_decay"] = lc.weight_decay * max(0.0, 1.0 - self.step / lc.anneal_steps)
 
         self.optimiser.zero_grad(set_to_none=True)
         loss, terms, priorities = self._split_backward(batch)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), lc.clip_norm)
+        grad_norm = self._clip_gradients()
         self.optimiser.step()
         self.step += 1
-        per_policy = [dict(zip(("v", "q", "pi", "entropy"), row, strict=True)) for row in terms.tolist()]
-        return StepStats(loss=loss, per_policy=per_policy, grad_norm=float(grad_norm),
+        per_policy = [dict(zip(self.TERMS, row, strict=True)) for row in terms.tolist()]
+        return StepStats(loss=loss, per_policy=per_policy, grad_norm=grad_norm,
                          learning_rate=lc.learning_rate * factor, priorities=priorities.cpu().numpy())

@@ -80,6 +80,22 @@ def test_preset_learns_catch(tmp_path, preset):
     assert last["version"] > 0 and last["bandit_episodes"] > 100
 
 
+@pytest.mark.parametrize("preset, target", [("ngu", 0.9), ("agent57", 0.8)])
+def test_ngu_learns_catch(tmp_path, preset, target):
+    """NGU, and NGU with Agent57's meta-controller, on the same harness. Their measure is the return of
+    the exploitative member j = 0 (the others explore on purpose, and Catch pays nothing for it). NGU
+    plays j = 0 in its least random environment; Agent57's bandit plays it in environments of every
+    epsilon (up to 0.4), hence the lower bar."""
+    sizing = {**CATCH_SIZING, "ngu": {"num_mixtures": 8, "target_update_every": 100}}
+    proc, records, _ = _launch(tmp_path, f"e2e-{preset}-catch", preset, "catch", 240, "--until-return", str(target),
+                               *_as_sets(sizing), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = records[-1]
+    assert last["exploit_window"] >= 100 and last["exploit_return_100"] >= target, proc.stdout[-3000:]
+    assert last["version"] > 0
+    assert preset != "agent57" or last["bandit_episodes"] > 100
+
+
 # Every preset but `cpu` (test_short_pong_run) and `catch`; `paper` is `lbc-bm`.
 SMOKE_PRESETS = sorted({name for name, p in PRESETS.items() if name not in ("cpu", "catch", "paper")})
 SMOKE_SIZING = {"env": {"num_envs": 4, "max_episode_frames": 400},

@@ -46,3 +46,31 @@ def test_select_report_and_restart(tmp_path):
     client.close()
     assert svc.stop() == 0, svc.log()
     assert "restored 1 actor populations" in svc.log()
+
+
+def test_agent57_meta_controller_chooses_j_and_keeps_its_window(tmp_path):
+    """The agent57 preset: each episode's j comes from the actor's sliding-window UCB; the window
+    survives a restart."""
+    overrides = endpoint_overrides(tmp_path / "run") + ["bandit.snapshot_every_s=0.5", "ngu.num_mixtures=4"]
+    address = overrides_dict(overrides)["endpoints.bandit"]
+    svc = Service("bandit_svc", "agent57", overrides, tmp_path).start()
+    wait_healthy(address, "lbc.v1.BanditService")
+    client = BanditClient(address, 5.0)
+    played = []
+    for _ in range(6):
+        b = client.select("actor-a")
+        assert b.HasField("mixture") and list(b.arms) == [b.mixture] and list(b.omega) == [1.0]
+        played.append(b.mixture)
+        assert client.report("actor-a", b.episode_id, 10.0 if b.mixture == 3 else 0.0).accepted
+    assert played[:4] == [0, 1, 2, 3]          # every j once before UCB scores count
+    client.close()
+    assert svc.stop() == 0, svc.log()
+
+    svc = Service("bandit_svc", "agent57", overrides, tmp_path).start()
+    wait_healthy(address, "lbc.v1.BanditService")
+    client = BanditClient(address, 5.0)
+    stats = client.stats("actor-a").actors[0]
+    assert stats.episodes == 6 and stats.dimensions[0].name == "mixture"
+    assert stats.dimensions[0].mean_return[3] == 10.0
+    client.close()
+    assert svc.stop() == 0, svc.log()

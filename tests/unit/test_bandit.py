@@ -9,6 +9,7 @@ from lbc.bandit import (
     BanditPopulation,
     BehaviourController,
     Discretisation,
+    MixtureController,
     SlidingWindowUCB,
     top_d,
     ucb_scores,
@@ -154,3 +155,31 @@ def test_sliding_window_ucb_explores_uniformly_with_probability_epsilon():
     rng = np.random.default_rng(1)
     picks = np.bincount([sw.select(rng) for _ in range(8000)], minlength=4) / 8000
     np.testing.assert_allclose(picks, [0.5 + 0.125, 0.125, 0.125, 0.125], atol=0.02)
+
+
+def test_mixture_controller_learns_the_best_j_and_survives_a_snapshot():
+    """Agent57's meta-controller per actor: j from the sliding-window UCB, psi fixed; a snapshot restores
+    the window, the counts and the random stream."""
+    ctl = MixtureController(num_mixtures=4, window=50, beta=0.5, epsilon=0.1, fixed_tau=1.0, seed=3)
+    for _ in range(300):
+        choice = ctl.select()
+        assert choice.tau == (1.0,) and choice.omega == (1.0,) and choice.arms == (choice.mixture,)
+        ctl.update(choice.arms, 1.0 if choice.mixture == 2 else 0.0)
+    assert ctl.episodes == 300
+    assert int(np.argmax(ctl.selections)) == 2 and ctl.selections[2] > 0.7 * 300
+    restored = MixtureController(4, 50, 0.5, 0.1, 1.0, seed=99)
+    restored.load_dict(ctl.to_dict())
+    assert [ctl.select().mixture for _ in range(20)] == [restored.select().mixture for _ in range(20)]
+    assert restored.stats()[0]["name"] == "mixture"
+    with pytest.raises(ValueError, match="mixture indices"):
+        MixtureController(2, 50, 0.5, 0.1, 1.0, seed=0).load_dict(ctl.to_dict())
+
+
+def test_frozen_mixture_controller_draws_j_uniformly():
+    ctl = MixtureController(num_mixtures=4, window=50, beta=0.5, epsilon=0.0, fixed_tau=1.0, seed=0, learn=False)
+    picks = []
+    for _ in range(4000):
+        choice = ctl.select()
+        ctl.update(choice.arms, 10.0 if choice.mixture == 0 else 0.0)
+        picks.append(choice.mixture)
+    np.testing.assert_allclose(np.bincount(picks) / 4000, 0.25, atol=0.03)

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
+from actor_svc.peers import check_behaviour
 from lbc import codec
-from lbc.config import load_config
+from lbc.config import CATCH_SIZING, load_config
 from lbc.sequences import sequence_layout, validate_sequence
 from lbcproto import lbc_pb2
 
@@ -96,3 +97,25 @@ def test_sequence_validation():
     extra = dict(seq, evil=np.zeros(1, np.uint8))
     with pytest.raises(codec.CodecError, match="unexpected"):
         validate_sequence(extra, cfg)
+
+
+def test_ngu_sequences_carry_a_valid_mixture_and_intrinsic_reward():
+    cfg = load_config("ngu", {**CATCH_SIZING, "ngu": {"num_mixtures": 4}})
+    seq = _valid_sequence(cfg)
+    validate_sequence(seq, cfg)
+    with pytest.raises(codec.CodecError, match="mixture outside"):
+        validate_sequence(dict(seq, mixture=np.full_like(seq["mixture"], 4)), cfg)
+    with pytest.raises(codec.CodecError, match="prev_intrinsic"):
+        validate_sequence(dict(seq, prev_intrinsic=np.full_like(seq["prev_intrinsic"], -1.0)), cfg)
+    with pytest.raises(codec.CodecError, match="missing"):
+        validate_sequence({k: v for k, v in seq.items() if k != "mixture"}, cfg)
+
+
+def test_a_bandit_reply_is_checked_before_an_actor_uses_it():
+    assert check_behaviour([1.0, 2.0], [0.5, 0.5], 2) == ""
+    assert "omega sums" in check_behaviour([1.0, 2.0], [0.5, 0.6], 2)
+    assert "non-negative" in check_behaviour([-1.0, 2.0], [0.5, 0.5], 2)
+    assert "2 tau" in check_behaviour([1.0, 2.0], [1.0], 1)
+    assert check_behaviour([1.0], [1.0], 1, mixture=3, num_mixtures=4) == ""
+    assert "mixture" in check_behaviour([1.0], [1.0], 1, mixture=4, num_mixtures=4)
+    assert "mixture" in check_behaviour([1.0], [1.0], 1, mixture=None, num_mixtures=4)

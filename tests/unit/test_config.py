@@ -40,3 +40,16 @@ def test_bad_input_is_named():
         load_config("cpu", ["learner.batch_size"])
     with pytest.raises(Exception, match="rho_bar >= c_bar"):
         load_config("cpu", ["learner.rho_bar=0.5"])
+
+
+def test_ngu_and_agent57_settings_are_checked():
+    with pytest.raises(ValueError, match="one policy"):
+        load_config("ngu", {"policies": [{"gamma": 0.99, "reward_shaping": "identity"}] * 2})
+    with pytest.raises(ValueError, match="sliding_window_ucb"):
+        load_config("ngu", ["behaviour.controlled=true"])
+    with pytest.raises(ValueError, match="needs ngu.enabled"):
+        load_config("cpu", ["bandit.algorithm=sliding_window_ucb"])
+    with pytest.raises(ValueError, match="aux_steps"):
+        load_config("ngu", ["ngu.aux_steps=30"])
+    cfg = load_config("agent57")
+    assert cfg.ngu.enabled and cfg.behaviour.controlled and cfg.ngu.window == 160

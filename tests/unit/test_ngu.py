@@ -20,6 +20,9 @@ from lbc.ngu import (
     IntrinsicRewards,
     RunningMeanStd,
     actor_epsilons,
+    core_inputs,
+    environment_epsilons,
+    environment_mixtures,
     intrinsic_reward,
     lifelong_modulator,
     mixture_family,
@@ -201,3 +204,20 @@ def test_ngu_q_loss_targets_and_traces_by_hand() -> None:
     q_taken = np.array([2.0, 3.0])
     np.testing.assert_allclose(out.loss[:, 0].numpy(), 0.5 * (q_taken - y) ** 2, rtol=1e-10)
     np.testing.assert_allclose(out.abs_td[:, 0].numpy(), np.abs(y - q_taken), rtol=1e-10)
+
+
+def test_environments_cover_the_family_and_the_exploitative_member_acts_most_greedily() -> None:
+    """Environment e of actor i is NGU's actor i*E + e: j = (i*E + e) mod N; epsilons run over the
+    actor's environments largest last, so with E = N the member j = 0 has the smallest epsilon."""
+    np.testing.assert_array_equal(environment_mixtures(0, 4, 8), [0, 1, 2, 3])
+    np.testing.assert_array_equal(environment_mixtures(1, 4, 8), [4, 5, 6, 7])
+    np.testing.assert_array_equal(environment_mixtures(1, 8, 6), [2, 3, 4, 5, 0, 1, 2, 3])
+    eps = environment_epsilons(16)
+    np.testing.assert_allclose(eps, actor_epsilons(16)[::-1])
+    assert eps[0] == pytest.approx(0.4 ** 8) and eps[-1] == pytest.approx(0.4)
+
+
+def test_core_inputs_are_one_hot_j_and_the_intrinsic_reward() -> None:
+    x = core_inputs(torch.tensor([[2, 0]]), torch.tensor([[0.5, 1.25]]), 3)
+    assert x.shape == (1, 2, 4)
+    np.testing.assert_allclose(x[0].numpy(), [[0, 0, 1, 0.5], [1, 0, 0, 1.25]])

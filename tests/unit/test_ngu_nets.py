@@ -26,7 +26,7 @@ def test_inverse_dynamics_learns_which_action_moved_the_agent() -> None:
     start = torch.randint(6, 24, (128, 2))
     actions = torch.randint(0, 4, (128,))
     obs, obs_next = _dot_frames(start), _dot_frames(start + moves[actions])
-    embed, head = EmbeddingNet(SIZE), InverseDynamics(32, 4)
+    embed, head = EmbeddingNet((SIZE, SIZE)), InverseDynamics(32, 4)
     opt = torch.optim.Adam([*embed.parameters(), *head.parameters()], lr=5e-4)
     with torch.no_grad():
         first = float(inverse_dynamics_loss(embed, head, obs, obs_next, actions))
@@ -40,7 +40,7 @@ def test_inverse_dynamics_learns_which_action_moved_the_agent() -> None:
 
 def test_inverse_dynamics_penalises_only_the_head_weights() -> None:
     torch.manual_seed(1)
-    embed, head = EmbeddingNet(SIZE), InverseDynamics(32, 4)
+    embed, head = EmbeddingNet((SIZE, SIZE)), InverseDynamics(32, 4)
     obs, actions = _dot_frames(torch.randint(6, 24, (8, 2))), torch.randint(0, 4, (8,))
     with torch.no_grad():
         base = inverse_dynamics_loss(embed, head, obs, obs, actions, l2=0.0)
@@ -53,7 +53,7 @@ def test_rnd_error_falls_on_seen_states_and_stays_high_on_novel_ones() -> None:
     """Life-long novelty: after training the predictor on some states, their error is below that of
     states never seen; the target never changes."""
     torch.manual_seed(0)
-    rnd = RandomNetworkDistillation(SIZE)
+    rnd = RandomNetworkDistillation((SIZE, SIZE))
     target_before = [p.clone() for p in rnd.target.parameters()]
     seen = _dot_frames(torch.randint(0, 12, (32, 2)))          # blocks in the top-left
     novel = _dot_frames(torch.randint(18, 30, (32, 2)))        # blocks in the bottom-right

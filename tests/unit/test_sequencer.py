@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from actor_svc.sequencer import SequenceBuilder
 
@@ -25,3 +26,23 @@ def test_sequences_overlap_by_burn_in_and_carry_the_state():
     # the burn-in steps of a sequence are the last learning steps of the previous one
     first = out[0][0]
     np.testing.assert_array_equal(seq["obs"][: burn + 1], first["obs"][-(burn + 1):])
+
+
+def test_extra_observation_fields_travel_and_overlap_like_the_observations():
+    """NGU's j and intrinsic reward are recorded per observation and shifted with them."""
+    burn, length, envs = 1, 2, 2
+    builder = SequenceBuilder(envs, burn, length, (1,), 2, 2, {"mixture": "int32", "prev_intrinsic": "float32"})
+    out = []
+    for t in range(7):
+        extras = {"mixture": np.array([3, 5], np.int32), "prev_intrinsic": np.full(envs, t / 10, np.float32)}
+        out += builder.observe(np.full((envs, 1), t, np.uint8), np.zeros(envs), np.zeros(envs), np.zeros(envs, bool),
+                               np.zeros((envs, 2)), np.zeros((envs, 2)), 0, extras)
+        builder.act(np.zeros(envs), np.zeros(envs), np.zeros(envs, bool), np.ones(envs), np.zeros((envs, 2)))
+    first, second = out[0][0], out[2][0]
+    np.testing.assert_array_equal(first["mixture"], [3, 3, 3, 3])
+    np.testing.assert_array_equal(out[1][0]["mixture"], [5, 5, 5, 5])
+    np.testing.assert_allclose(first["prev_intrinsic"], [0.0, 0.1, 0.2, 0.3])
+    np.testing.assert_allclose(second["prev_intrinsic"], [0.2, 0.3, 0.4, 0.5])
+    with pytest.raises(ValueError, match="extra fields"):
+        builder.observe(np.zeros((envs, 1), np.uint8), np.zeros(envs), np.zeros(envs), np.zeros(envs, bool),
+                        np.zeros((envs, 2)), np.zeros((envs, 2)), 0)
