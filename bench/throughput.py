@@ -1,13 +1,14 @@
 """End-to-end throughput against the machine's ceiling (`make bench`).
 
 Measures, each alone on one core: environment steps/s (the actor's vector env), inference samples/s
-(the actor's batched forward + behaviour mixture + sampling) and learner samples/s (one training
-step of the preset's batch). Combines them into the ceiling
+(the actor's batched forward + behaviour mixture + sampling; for NGU also its intrinsic reward) and
+learner samples/s (one training step of the preset's batch). Combines them into the ceiling
 
     ceiling = cores / (1/env + 1/inference + replay_ratio/learner)     [agent steps/s]
 
-then runs the whole system with the launcher and prints achieved / ceiling. Figures are printed,
-never asserted: this is a benchmark, not a test.
+then runs the whole system with the launcher and prints achieved / ceiling. For NGU presets it also
+prints what the intrinsic reward costs per agent step, by how full the episodic memories are.
+Figures are printed, never asserted: this is a benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from actor_svc.ngu_acting import NguActing
 from lbc.behaviour import behaviour_probs, sample_actions
 from lbc.config import PRESETS, Config, load_config
 from lbc.envs import make_envs
-from lbc.nets import build_net
+from lbc.nets import build_agent
 from lbc.sequences import sequence_layout
+from learner_svc.ngu_training import NguTrainer
 from learner_svc.training import Trainer
 
 
@@ -49,12 +52,20 @@ def env_rate(cfg: Config, seconds: float) -> float:
     return rate
 
 
-def inference_rate(cfg: Config, seconds: float) -> float:
+def _actor_parts(cfg: Config) -> tuple[np.ndarray, torch.nn.Module, NguActing | None]:
+    """A real first observation, the actor's network and (NGU) its intrinsic-reward part."""
     envs = make_envs(cfg.env, cfg.env.num_envs, seed=0)
-    obs = torch.from_numpy(envs.reset())[None]
+    obs = envs.reset()
     envs.close()
-    spec = envs.spec
-    net = build_net(cfg, spec.obs_shape, spec.num_actions).eval()
+    agent = build_agent(cfg, envs.spec.obs_shape, envs.spec.num_actions).eval()
+    if not cfg.ngu.enabled:
+        return obs, agent, None
+    return obs, agent.net, NguActing(cfg, 0, cfg.env.num_envs, agent.aux)
+
+
+def inference_rate(cfg: Config, seconds: float) -> float:
+    obs_np, net, ngu = _actor_parts(cfg)
+    obs = torch.from_numpy(obs_np)[None]
     b, n = cfg.env.num_envs, cfg.num_components
     heads = torch.tensor(cfg.components)
     state = net.initial_state(b)
@@ -64,11 +75,37 @@ def inference_rate(cfg: Config, seconds: float) -> float:
     samples, start = 0, time.perf_counter()
     with torch.no_grad():
         while time.perf_counter() - start < seconds:
-            out = net(obs, prev_a, prev_r, reset, state)
-            sample_actions(behaviour_probs(cfg.behaviour.family, out.adv[0][:, heads], tau, omega))
+            if ngu is None:
+                out = net(obs, prev_a, prev_r, reset, state)
+                probs = behaviour_probs(cfg.behaviour.family, out.adv[0][:, heads], tau, omega)
+            else:
+                fields = ngu.observe(obs_np, reset[0].numpy())
+                out = net(obs, prev_a, prev_r, reset, state, ngu.core_inputs(fields))
+                probs = ngu.behaviour(out)
+            sample_actions(probs)
             state = out.state
             samples += b
     return samples / (time.perf_counter() - start)
+
+
+def intrinsic_cost(cfg: Config, fills: tuple[int, ...], steps: int = 50) -> dict[int, float]:
+    """Microseconds per agent step of NGU's intrinsic reward (embedding and RND forward passes, the
+    k-nearest-neighbour search, the modulator) with every episodic memory holding `fill` embeddings."""
+    obs, _, ngu = _actor_parts(cfg)
+    rng = np.random.default_rng(0)
+    reset = np.zeros(cfg.env.num_envs, bool)
+    out = {}
+    for fill in fills:
+        for memory in ngu.rewards.memories:   # an episode `fill` steps long so far
+            memory.reset()
+            for embedding in rng.normal(size=(min(fill, memory.capacity), memory.slots.shape[1])):
+                memory._add(embedding.astype(np.float32))
+        ngu.observe(obs, reset)
+        start = time.perf_counter()
+        for _ in range(steps):
+            ngu.observe(obs, reset)
+        out[fill] = (time.perf_counter() - start) / (steps * cfg.env.num_envs) * 1e6
+    return out
 
 
 def learner_rate(cfg: Config, seconds: float) -> float:
@@ -87,7 +124,8 @@ def learner_rate(cfg: Config, seconds: float) -> float:
             batch[name] = np.zeros(full, np.float32)
     batch["behaviour_prob"][:] = 0.3
     # one core: the batch is not split across threads
-    trainer = Trainer(cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"split_batch": 1})}))
+    one_part = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"split_batch": 1})})
+    trainer = NguTrainer(one_part) if cfg.ngu.enabled else Trainer(one_part)
     trainer.train_step(batch)
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -140,6 +178,11 @@ def main() -> int:
           flush=True)
     inf = inference_rate(cfg, args.stage_seconds)
     print(f"inference alone   (1 core): {inf:10,.0f} samples/s", flush=True)
+    if cfg.ngu.enabled:
+        costs = intrinsic_cost(cfg, (1, 1_000, 5_000, cfg.ngu.memory_capacity))
+        print("NGU intrinsic reward per agent step, by episodic memory fill: "
+              + ", ".join(f"{fill:,}: {us:,.0f} us" for fill, us in costs.items())
+              + f" (the whole inference stage: {1e6 / inf:,.0f} us at fill 1)", flush=True)
     learn = learner_rate(cfg, args.stage_seconds)
     print(f"learner alone     (1 core): {learn:10,.0f} samples/s", flush=True)
     ratio = cfg.replay.replay_ratio
