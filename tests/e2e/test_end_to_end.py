@@ -69,15 +69,18 @@ def test_short_pong_run(tmp_path):
         assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
-@pytest.mark.parametrize("preset", ["dice", "dice-random", "gdi-i3", "gdi-h3", "lbc-reduce-h-psi", "lbc-random"])
+@pytest.mark.parametrize("preset", ["impala", "dice", "dice-fixed", "dice-random", "gdi-i3", "gdi-h3", "lbc-reduce-h",
+                                    "lbc-reduce-h-psi", "lbc-random"])
 def test_preset_learns_catch(tmp_path, preset):
-    """Other systems of the papers, on the same harness: Catch to near-optimal."""
+    """Other systems of the papers, on the same harness: Catch to near-optimal. (lbc-bm on these sizes is
+    the `catch` preset, above.)"""
     proc, records, _ = _launch(tmp_path, f"e2e-{preset}-catch", preset, "catch", 240, "--until-return", "0.9",
                                *_as_sets(CATCH_SIZING), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = records[-1]
     assert last["return_window"] >= 100 and last["mean_return_100"] >= 0.9, proc.stdout[-3000:]
-    assert last["version"] > 0 and last["bandit_episodes"] > 100
+    assert last["version"] > 0
+    assert not PRESETS[preset].get("behaviour", {}).get("controlled", True) or last["bandit_episodes"] > 100
 
 
 @pytest.mark.parametrize("preset, target", [("ngu", 0.9), ("agent57", 0.8)])
