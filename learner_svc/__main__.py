@@ -57,10 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         if found is None:
             log.warning("--resume given but no checkpoint in %s; starting fresh", ckpt_dir)
         else:
-            counters = checkpoint.load(found, trainer.agent, trainer.optimiser)
+            counters = checkpoint.load(found, trainer.agent, trainer.optimiser, trainer.checkpointed_modules())
             trainer.step = counters.step
-            if isinstance(trainer, NguTrainer):
-                trainer.sync_target()   # the target network is not checkpointed (docs/decisions.md 27)
             counters.version = max(counters.version, checkpoint.published_version(ckpt_dir)) + 1
             log.info("resumed from %s at step %d; publishing as version %d", found, counters.step, counters.version)
 
@@ -108,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             VERSION.set(counters.version)
             checkpoint.record_version(ckpt_dir, counters.version)
         if trainer.step % cfg.learner.checkpoint_every == 0:
-            path = checkpoint.save(ckpt_dir, trainer.agent, trainer.optimiser, counters)
+            path = checkpoint.save(ckpt_dir, trainer.agent, trainer.optimiser, counters, trainer.checkpointed_modules())
             CHECKPOINTS.inc()
             log.info("checkpoint %s", path)
         if time.monotonic() - last_log > 30:
@@ -120,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     set_serving(health, ["lbc.v1.ParameterService"], serving=False)
     if trainer.step > 0:
-        checkpoint.save(ckpt_dir, trainer.agent, trainer.optimiser, counters)
+        checkpoint.save(ckpt_dir, trainer.agent, trainer.optimiser, counters, trainer.checkpointed_modules())
         log.info("final checkpoint at step %d", trainer.step)
     server.stop(grace=1.0).wait()
     stop.set()

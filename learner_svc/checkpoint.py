@@ -20,13 +20,15 @@ class Counters:
 
 
 def save(directory: Path, trainer_model: torch.nn.Module, optimiser: torch.optim.Optimizer,
-         counters: Counters) -> Path:
+         counters: Counters, extra: dict[str, torch.nn.Module] | None = None) -> Path:
+    """Write a checkpoint; `extra` names further modules whose state matters (NGU's target network)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"ckpt-{counters.step:09d}.pt"
     tmp = path.with_suffix(".tmp")
     torch.save({"model": trainer_model.state_dict(), "optimiser": optimiser.state_dict(),
                 "step": counters.step, "version": counters.version, "samples": counters.samples,
-                "torch_rng": torch.get_rng_state()}, tmp)
+                "torch_rng": torch.get_rng_state(),
+                "extra": {name: module.state_dict() for name, module in (extra or {}).items()}}, tmp)
     os.replace(tmp, path)
     for old in sorted(directory.glob("ckpt-*.pt"))[:-KEEP]:
         old.unlink()
@@ -38,9 +40,16 @@ def latest(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load(path: Path, trainer_model: torch.nn.Module, optimiser: torch.optim.Optimizer) -> Counters:
+def load(path: Path, trainer_model: torch.nn.Module, optimiser: torch.optim.Optimizer,
+         extra: dict[str, torch.nn.Module] | None = None) -> Counters:
     state = torch.load(path, weights_only=True, map_location="cpu")
+    saved_extra = state.get("extra", {})
+    missing = set(extra or {}) - set(saved_extra)
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks {sorted(missing)}")
     trainer_model.load_state_dict(state["model"])
+    for name, module in (extra or {}).items():
+        module.load_state_dict(saved_extra[name])
     optimiser.load_state_dict(state["optimiser"])
     torch.set_rng_state(state["torch_rng"])
     return Counters(step=int(state["step"]), version=int(state["version"]), samples=int(state["samples"]))

@@ -30,8 +30,11 @@ class NguTrainer(Trainer):
         self.target = copy.deepcopy(self.model).requires_grad_(False)
 
     def sync_target(self) -> None:
-        """theta^- <- theta (every ngu.target_update_every steps, and after a resume)."""
+        """theta^- <- theta (every ngu.target_update_every steps)."""
         self.target.load_state_dict(self.model.state_dict())
+
+    def checkpointed_modules(self) -> dict[str, torch.nn.Module]:
+        return {"target": self.target}
 
     def _unroll(self, net: torch.nn.Module, b: dict[str, torch.Tensor], extra: torch.Tensor,
                 grad: bool) -> torch.Tensor:

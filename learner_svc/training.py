@@ -88,6 +88,10 @@ class Trainer:
         self.pool = ThreadPoolExecutor(lc.split_batch, thread_name_prefix="learner-part") \
             if lc.split_batch > 1 else None
 
+    def checkpointed_modules(self) -> dict[str, torch.nn.Module]:
+        """Modules besides the agent whose state a checkpoint must keep."""
+        return {}
+
     def _target_log_policy(self, adv: torch.Tensor, psi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Every policy's log pi [T+1, B, N, A] and policy-gradient scale [T, B, N] (or None).
 

@@ -1,15 +1,31 @@
 """An actor keeps running through the death and restart of each of its peers, and picks up again."""
 
+import json
+
+import pytest
+
+from lbc.config import CATCH_SIZING
 from tests.support import Service, endpoint_overrides, metric, overrides_dict, wait_for, wait_healthy
 
 
-def test_actor_survives_peer_restarts(tmp_path):
-    overrides = endpoint_overrides(tmp_path / "run") + ["learner.checkpoint_every=20"]
+def _flat(tree: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key, val in tree.items():
+        out += _flat(val, f"{prefix}{key}.") if isinstance(val, dict) else [f"{prefix}{key}={json.dumps(val)}"]
+    return out
+
+
+# agent57 on Catch sizes: NGU's learner resumes with its target network, the actor keeps its own j
+# while the bandit that chooses j is away
+@pytest.mark.parametrize("preset, sizing", [("catch", []), ("agent57", [*_flat(CATCH_SIZING), "ngu.num_mixtures=8"])],
+                         ids=["lbc-bm", "agent57"])
+def test_actor_survives_peer_restarts(tmp_path, preset, sizing):
+    overrides = endpoint_overrides(tmp_path / "run") + sizing + ["learner.checkpoint_every=20"]
     o = overrides_dict(overrides)
-    bandit = Service("bandit_svc", "catch", overrides, tmp_path).start()
-    replay = Service("replay_svc", "catch", overrides, tmp_path).start()
-    learner = Service("learner_svc", "catch", overrides, tmp_path).start()
-    actor = Service("actor_svc", "catch", overrides, tmp_path, "--actor-id", "actor-0").start()
+    bandit = Service("bandit_svc", preset, overrides, tmp_path).start()
+    replay = Service("replay_svc", preset, overrides, tmp_path).start()
+    learner = Service("learner_svc", preset, overrides, tmp_path).start()
+    actor = Service("actor_svc", preset, overrides, tmp_path, "--actor-id", "actor-0").start()
     actor_port = int(o["endpoints.actor_metrics_base"])
     replay_port, learner_port = int(o["endpoints.replay_metrics"]), int(o["endpoints.learner_metrics"])
     services = [actor, learner, replay, bandit]

@@ -94,7 +94,7 @@ def test_target_network_is_copied_every_period_and_auxiliary_rate_is_not_schedul
 
 def test_auxiliary_networks_learn_and_travel_in_checkpoints(tmp_path):
     """RND's predictor and the inverse-dynamics model fit a fixed batch; the checkpoint holds them, the
-    random RND target, and the optimiser with both groups."""
+    random RND target, the target Q-network and the optimiser with both groups."""
     cfg = _config()
     trainer = NguTrainer(cfg)
     batch = _ngu_batch(cfg)
@@ -103,9 +103,20 @@ def test_auxiliary_networks_learn_and_travel_in_checkpoints(tmp_path):
         last = trainer.train_step(batch).per_policy[0]
     assert set(last) == {"q", "inverse_dynamics", "rnd"}
     assert last["rnd"] < 0.5 * first["rnd"] and last["inverse_dynamics"] < first["inverse_dynamics"]
-    checkpoint.save(tmp_path, trainer.agent, trainer.optimiser, checkpoint.Counters(step=31))
+    checkpoint.save(tmp_path, trainer.agent, trainer.optimiser, checkpoint.Counters(step=31),
+                    trainer.checkpointed_modules())
     other = NguTrainer(load_config("ngu", {**CATCH_SIZING, "ngu": {"num_mixtures": 4}, "learner": {"seed": 5}}))
-    checkpoint.load(checkpoint.latest(tmp_path), other.agent, other.optimiser)
-    for a, b in zip(trainer.agent.state_dict().values(), other.agent.state_dict().values(), strict=True):
-        assert torch.equal(a, b)
+    checkpoint.load(checkpoint.latest(tmp_path), other.agent, other.optimiser, other.checkpointed_modules())
+    for module in ("agent", "target"):
+        for a, b in zip(getattr(trainer, module).state_dict().values(), getattr(other, module).state_dict().values(),
+                        strict=True):
+            assert torch.equal(a, b)
+    assert not torch.equal(next(trainer.target.parameters()), next(trainer.model.parameters()))   # 31 % 1500
     assert len(other.optimiser.param_groups) == 2 and other.optimiser.param_groups[1]["fixed_lr"]
+
+
+def test_a_checkpoint_without_the_target_network_is_refused(tmp_path):
+    trainer = NguTrainer(_config())
+    checkpoint.save(tmp_path, trainer.agent, trainer.optimiser, checkpoint.Counters())
+    with pytest.raises(ValueError, match="lacks"):
+        checkpoint.load(checkpoint.latest(tmp_path), trainer.agent, trainer.optimiser, trainer.checkpointed_modules())
