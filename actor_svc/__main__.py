@@ -105,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     prev_reward = np.zeros(num_envs, np.float32)
     reset = np.ones(num_envs, bool)
     episode: list[EpisodeBehaviour] = [behaviours.next() for _ in range(num_envs)]
-    for e, chosen in enumerate(episode if ngu else []):
-        ngu.new_episode(e, chosen.mixture)
+    if ngu:
+        for e, chosen in enumerate(episode):
+            ngu.new_episode(e, chosen.mixture)
     # psi per environment, recorded with every step; tau and omega are views of it for the forward pass
     psi = np.array([np.concatenate([b.tau, b.omega]) for b in episode], dtype=np.float32)
     tau, omega = torch.from_numpy(psi[:, :n]), torch.from_numpy(psi[:, n:])

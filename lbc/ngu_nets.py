@@ -35,12 +35,13 @@ def _torso(frame_size: tuple[int, int]) -> tuple[nn.Sequential, int]:
 
 
 class EmbeddingNet(nn.Module):
-    """f: O -> R^p (p = 32, App. B.1)."""
+    """f: O -> R^p (p = 32, App. B.1). The output layer is linear: with a ReLU there, 30 of the 32 units
+    were dead after 500 learner steps on Pong and the episodic reward went flat (docs/decisions.md 27)."""
 
     def __init__(self, frame_size: tuple[int, int] = (84, 84), dim: int = 32) -> None:
         super().__init__()
         self.torso, n = _torso(frame_size)
-        self.out = nn.Sequential(nn.Linear(n, dim), nn.ReLU())
+        self.out = nn.Linear(n, dim)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """obs [N, stack, H, W] uint8 -> [N, p]."""
