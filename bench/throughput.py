@@ -99,7 +99,7 @@ def intrinsic_cost(cfg: Config, fills: tuple[int, ...], steps: int = 50) -> dict
         for memory in ngu.rewards.memories:   # an episode `fill` steps long so far
             memory.reset()
             for embedding in rng.normal(size=(min(fill, memory.capacity), memory.slots.shape[1])):
-                memory._add(embedding.astype(np.float32))
+                memory.add(embedding.astype(np.float32))
         ngu.observe(obs, reset)
         start = time.perf_counter()
         for _ in range(steps):

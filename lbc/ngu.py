@@ -71,7 +71,7 @@ class EpisodicMemory:
     def reward(self, embedding: np.ndarray) -> float:
         """Score f(x_t) against the memory (Alg. 1, steps 1-8), then store it."""
         if self.size == 0:
-            self._add(embedding)
+            self.add(embedding)
             return 0.0
         sq = ((self.slots[: self.size] - embedding) ** 2).sum(-1)
         nearest = np.partition(sq, self.k - 1)[: self.k] if sq.shape[0] > self.k else sq
@@ -82,10 +82,11 @@ class EpisodicMemory:
         clustered = np.maximum(normalised - self.xi, 0.0)
         kernel = self.kernel_eps / (clustered + self.kernel_eps)
         s = math.sqrt(float(kernel.sum())) + self.c
-        self._add(embedding)
+        self.add(embedding)
         return 0.0 if s > self.s_max else 1.0 / s
 
-    def _add(self, embedding: np.ndarray) -> None:
+    def add(self, embedding: np.ndarray) -> None:
+        """Store an embedding without scoring it (the ring drops the oldest when full)."""
         self.slots[self.next] = embedding
         self.next = (self.next + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
