@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import socket
@@ -64,6 +65,14 @@ def endpoint_overrides(run_dir: Path) -> list[str]:
         f"endpoints.replay_metrics={p['rm']}", f"endpoints.bandit_metrics={p['bm']}",
         f"endpoints.actor_metrics_base={free_port()}", f"endpoints.actor_health_base={free_port()}",
     ]
+
+
+def flat_overrides(tree: dict, prefix: str = "") -> list[str]:
+    """A nested settings dict as ["a.b=<json>", ...] overrides."""
+    out = []
+    for key, val in tree.items():
+        out += flat_overrides(val, f"{prefix}{key}.") if isinstance(val, dict) else [f"{prefix}{key}={json.dumps(val)}"]
+    return out
 
 
 def overrides_dict(overrides: list[str]) -> dict[str, str]:

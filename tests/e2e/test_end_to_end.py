@@ -7,18 +7,12 @@ import sys
 import pytest
 
 from lbc.config import CATCH_SIZING, PRESETS
-from tests.support import REPO, endpoint_overrides
+from tests.support import REPO, endpoint_overrides, flat_overrides
 
 
-def _as_sets(tree: dict, prefix: str = "") -> list[str]:
+def _as_sets(tree: dict) -> list[str]:
     """A nested settings dict as launcher arguments: ["--set", "a.b=1", ...]."""
-    out = []
-    for key, val in tree.items():
-        if isinstance(val, dict):
-            out += _as_sets(val, f"{prefix}{key}.")
-        else:
-            out += ["--set", f"{prefix}{key}={json.dumps(val)}"]
-    return out
+    return [arg for override in flat_overrides(tree) for arg in ("--set", override)]
 
 
 def _launch(tmp_path, name, preset, game, duration, *extra, timeout):

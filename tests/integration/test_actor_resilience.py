@@ -1,24 +1,17 @@
 """An actor keeps running through the death and restart of each of its peers, and picks up again."""
 
-import json
-
 import pytest
 
 from lbc.config import CATCH_SIZING
-from tests.support import Service, endpoint_overrides, metric, overrides_dict, wait_for, wait_healthy
-
-
-def _flat(tree: dict, prefix: str = "") -> list[str]:
-    out = []
-    for key, val in tree.items():
-        out += _flat(val, f"{prefix}{key}.") if isinstance(val, dict) else [f"{prefix}{key}={json.dumps(val)}"]
-    return out
+from tests.support import Service, endpoint_overrides, flat_overrides, metric, overrides_dict, wait_for, wait_healthy
 
 
 # agent57 on Catch sizes: NGU's learner resumes with its target network, the actor keeps its own j
 # while the bandit that chooses j is away
-@pytest.mark.parametrize("preset, sizing", [("catch", []), ("agent57", [*_flat(CATCH_SIZING), "ngu.num_mixtures=8"])],
-                         ids=["lbc-bm", "agent57"])
+@pytest.mark.parametrize("preset, sizing", [
+    ("catch", []),
+    ("agent57", [*flat_overrides(CATCH_SIZING), "ngu.num_mixtures=8"]),
+], ids=["lbc-bm", "agent57"])
 def test_actor_survives_peer_restarts(tmp_path, preset, sizing):
     overrides = endpoint_overrides(tmp_path / "run") + sizing + ["learner.checkpoint_every=20"]
     o = overrides_dict(overrides)
