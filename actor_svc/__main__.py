@@ -121,9 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.is_set():
         if steps % cfg.actor.pull_every == 0 and steps > 0:
             puller.pull()
-        t0 = time.perf_counter()
-        fields = ngu.observe(obs, reset) if ngu else {}
-        INTRINSIC_SECONDS.inc(time.perf_counter() - t0)
+        fields: dict[str, np.ndarray] = {}
+        if ngu:
+            t0 = time.perf_counter()
+            fields = ngu.observe(obs, reset)
+            INTRINSIC_SECONDS.inc(time.perf_counter() - t0)
         for seq, version in builder.observe(obs, prev_action, prev_reward, reset, state[0].numpy(),
                                             state[1].numpy(), puller.version, fields):
             if not sender.send(seq, version):
