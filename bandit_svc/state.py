@@ -34,10 +34,12 @@ class BanditState:
         self.pending: dict[str, OrderedDict[str, tuple[int, ...]]] = {}
         self.next_episode: dict[str, int] = {}
         k = cfg.num_components
-        self.dimension_names = {"bva": lambda: BvaController.dimension_names(k),
-                                "sliding_window_ucb": MixtureController.dimension_names,
-                                "population_ucb": lambda: BehaviourController.dimension_names(k)}[
-            cfg.bandit.algorithm]()
+        if cfg.bandit.algorithm == "bva":
+            self.dimension_names = BvaController.dimension_names(k)
+        elif cfg.bandit.algorithm == "sliding_window_ucb":
+            self.dimension_names = MixtureController.dimension_names()
+        else:
+            self.dimension_names = BehaviourController.dimension_names(k)
 
     def _controller(self, actor_id: str) -> BehaviourController | BvaController | MixtureController:
         if actor_id not in self.controllers:

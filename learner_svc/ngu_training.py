@@ -12,7 +12,7 @@ import torch
 from lbc.config import Config
 from lbc.losses import ngu_q_loss
 from lbc.ngu import core_inputs, mixture_family
-from learner_svc.training import Trainer, to_time_major
+from learner_svc.training import StepStats, Trainer, to_time_major
 
 
 class NguTrainer(Trainer):
@@ -85,7 +85,7 @@ class NguTrainer(Trainer):
         torch.nn.utils.clip_grad_norm_(self.aux.parameters(), self.cfg.learner.clip_norm)
         return super()._clip_gradients()
 
-    def train_step(self, batch: dict[str, np.ndarray]):
+    def train_step(self, batch: dict[str, np.ndarray]) -> StepStats:
         stats = super().train_step(batch)
         if self.step % self.cfg.ngu.target_update_every == 0:
             self.sync_target()
