@@ -9,6 +9,7 @@ PRESET      ?= cpu
 ACTORS      ?= 1
 NAME        ?= $(PRESET)-$(GAME)
 ARGS        ?=
+FRAMES      ?= 5000000
 # Images: podman as it runs on this kind of machine (no daemon, vfs storage, cgroupfs).
 PODMAN      ?= podman --storage-driver vfs --cgroup-manager cgroupfs --runtime runc
 PODMAN_RUN  ?= --ulimit nofile=1024:1024 --ulimit nproc=1024:1024
@@ -17,7 +18,7 @@ IMAGE       ?= localhost/lbc:0.1.0$(if $(filter gpu,$(VARIANT)),-gpu,)
 BASE        ?= localhost/debian-python:bookworm
 IMAGE_DIR   := build/image
 
-.PHONY: run test bench lint proto install clean image image-smoke base-image wheelhouse test-tools
+.PHONY: run curve test bench lint proto install clean image image-smoke base-image wheelhouse test-tools
 
 install: $(STAMP) $(PROTO_OUT)
 
@@ -37,6 +38,13 @@ $(PROTO_OUT): proto/lbcproto/lbc.proto $(STAMP)
 
 run: install
 	$(PY) -m lbc.launch --preset $(PRESET) --game $(GAME) --actors $(ACTORS) --name $(NAME) $(ARGS)
+
+# A learning curve: the whole system (with its evaluator) for FRAMES emulator frames, then the report
+# (runs/curve-PRESET-GAME.png and .md beside the run folder).
+curve: install
+	$(PY) -m lbc.launch --preset $(PRESET) --game $(GAME) --actors $(ACTORS) --name curve-$(PRESET)-$(GAME) \
+	  --until-frames $(FRAMES) $(ARGS)
+	$(VENV)/bin/lbc report runs/curve-$(PRESET)-$(GAME) --name curve-$(PRESET)-$(GAME)
 
 # Tools the deployment tests run for real: Prometheus/promtool (Debian) and kubectl with kustomize.
 test-tools:

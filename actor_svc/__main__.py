@@ -12,9 +12,11 @@ import numpy as np
 import torch
 from prometheus_client import Counter, Gauge
 
+from actor_svc import evaluator
 from actor_svc.ngu_acting import NguActing
 from actor_svc.peers import BehaviourSource, EpisodeBehaviour, ParamPuller, SequenceSender
 from actor_svc.sequencer import SequenceBuilder
+from lbc.acting import CoreInputs, forward
 from lbc.behaviour import behaviour_probs, sample_actions
 from lbc.config import Config
 from lbc.envs import make_envs
@@ -26,6 +28,7 @@ from lbc.service import (
     base_parser,
     config_from_args,
     grpc_server,
+    listen_address,
     set_serving,
     setup_logging,
     start_metrics,
@@ -65,11 +68,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="name towards the bandit, also mixed into the seed; on Kubernetes the pod name "
                              "(default $LBC_ACTOR_ID, else host name + index)")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many vector steps (0: never)")
+    parser.add_argument("--mode", choices=("act", "eval"), default="act",
+                        help="act: play the hybrid behaviour and feed replay; eval: the evaluator, which plays the "
+                             "evaluation policy on its own games and reports scores (eval.* settings)")
     args = parser.parse_args(argv)
     cfg: Config = config_from_args(args)
-    log = setup_logging(f"actor-{args.index}", args.log_level)
+    log = setup_logging(f"actor-{args.index}" if args.mode == "act" else "evaluator", args.log_level)
     stop = stop_event()
     torch.set_num_threads(cfg.actor.threads)
+    if args.mode == "eval":
+        return evaluate(cfg, stop)
     actor_id = args.actor_id or f"{socket.gethostname()}-{args.index}"
 
     num_envs = cfg.env.num_envs
@@ -100,10 +108,7 @@ def main(argv: list[str] | None = None) -> int:
              cfg.env.game if cfg.env.kind == "atari" else cfg.env.kind, puller.version)
 
     obs = envs.reset()
-    state = net.initial_state(num_envs)
-    prev_action = np.zeros(num_envs, np.int64)
-    prev_reward = np.zeros(num_envs, np.float32)
-    reset = np.ones(num_envs, bool)
+    inputs = CoreInputs.start(net, num_envs)
     episode: list[EpisodeBehaviour] = [behaviours.next() for _ in range(num_envs)]
     if ngu:
         for e, chosen in enumerate(episode):
@@ -124,27 +129,26 @@ def main(argv: list[str] | None = None) -> int:
         fields: dict[str, np.ndarray] = {}
         if ngu:
             t0 = time.perf_counter()
-            fields = ngu.observe(obs, reset)
+            fields = ngu.observe(obs, inputs.reset)
             INTRINSIC_SECONDS.inc(time.perf_counter() - t0)
-        for seq, version in builder.observe(obs, prev_action, prev_reward, reset, state[0].numpy(),
-                                            state[1].numpy(), puller.version, fields):
+        for seq, version in builder.observe(obs, inputs.prev_action, inputs.prev_reward, inputs.reset,
+                                            inputs.state[0].numpy(), inputs.state[1].numpy(), puller.version, fields):
             if not sender.send(seq, version):
                 break
         t0 = time.perf_counter()
-        with torch.no_grad():
-            out = net(torch.from_numpy(obs)[None], torch.from_numpy(prev_action)[None],
-                      torch.from_numpy(prev_reward)[None], torch.from_numpy(reset)[None], state,
-                      ngu.core_inputs(fields) if ngu else None)
-            probs = ngu.behaviour(out) if ngu else \
-                behaviour_probs(cfg.behaviour.family, out.adv[0][:, heads], tau, omega)
-            actions, mu = sample_actions(probs, generator)
+        out = forward(net, obs, inputs, ngu.core_inputs(fields) if ngu else None)
+        probs = ngu.behaviour(out) if ngu else \
+            behaviour_probs(cfg.behaviour.family, out.adv[0][:, heads], tau, omega)
+        actions, mu = sample_actions(probs, generator)
         t1 = time.perf_counter()
         action_np = actions.numpy()
         result = envs.step(action_np)
         t2 = time.perf_counter()
         INFER_SECONDS.inc(t1 - t0)
         ENV_SECONDS.inc(t2 - t1)
-        builder.act(action_np, result.reward, result.done, mu.numpy(), psi)
+        # what the learner sees as an episode end: the game's, or also a life loss (env.episodic_life)
+        boundary = result.done | result.life_lost if cfg.env.episodic_life else result.done
+        builder.act(action_np, result.reward, boundary, mu.numpy(), psi)
 
         ep_return += result.reward
         for e in np.flatnonzero(result.done):
@@ -170,15 +174,12 @@ def main(argv: list[str] | None = None) -> int:
                 HNS_MEAN.set(hns)
 
         obs = result.obs
-        state = out.state
-        prev_action = np.where(result.done, 0, action_np)
-        prev_reward = np.where(result.done, 0.0, result.reward).astype(np.float32)
-        reset = result.done
+        inputs.advance(action_np, result.reward, boundary, out.state)
         steps += 1
         STEPS.inc(num_envs)
         FRAMES.inc(num_envs * frame_skip)
         if steps % 100 == 0:
-            LSTM_CELL.set(float(state[1].abs().mean()))
+            LSTM_CELL.set(float(inputs.state[1].abs().mean()))
             if ngu:
                 INTRINSIC_MEAN.set(float(fields["prev_intrinsic"].mean()))
         if time.monotonic() - last_log > 30:
@@ -195,6 +196,19 @@ def main(argv: list[str] | None = None) -> int:
     server.stop(grace=0.5).wait()
     log.info("actor stopped")
     return 0
+
+
+def evaluate(cfg: Config, stop) -> int:
+    """The evaluator as a service: health and metrics on its own endpoints around evaluator.run."""
+    server, health = grpc_server(listen_address(cfg.endpoints.eval_health), workers=2)
+    server.start()
+    start_metrics(cfg.endpoints.eval_metrics)
+    set_serving(health, ["lbc.v1.Evaluator"])
+    try:
+        return evaluator.run(cfg, stop)
+    finally:
+        set_serving(health, ["lbc.v1.Evaluator"], serving=False)
+        server.stop(grace=0.5).wait()
 
 
 if __name__ == "__main__":

@@ -60,6 +60,25 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("address", help="host:port, e.g. 127.0.0.1:50051")
     check.add_argument("--service", default="", help="health name, e.g. lbc.v1.ParameterService (default: the server)")
     check.add_argument("--wait", type=float, default=0.0, help="keep asking for up to this many seconds")
+
+    rep = sub.add_parser("report", help="learning curves (PNG) and a markdown summary of run folders",
+                         description="Plots training return and evaluation score against frames, one line per run, "
+                                     "and writes a summary table; over several games or runs also the papers' "
+                                     "aggregates and the IQM with a bootstrap interval.")
+    rep.add_argument("runs", nargs="+", help="run folders, e.g. runs/cpu-breakout")
+    rep.add_argument("--out", default=None, help="folder for the files (default: the first run's parent, e.g. runs/)")
+    rep.add_argument("--name", default="report", help="file name stem: <out>/<name>.png and <name>.md")
+
+    play = sub.add_parser("play", help="watch a trained agent: play a checkpoint, print scores, write an mp4",
+                          description="Loads a run's checkpoint (weights only), plays its evaluation policy on the "
+                                      "real game with the evaluation protocol and writes the game's frames as mp4.")
+    play.add_argument("run", help="run folder, e.g. runs/cpu-breakout")
+    play.add_argument("--version", type=int, default=None,
+                      help="learner step of the checkpoint to play (default: the newest)")
+    play.add_argument("--episodes", type=int, default=1)
+    play.add_argument("--video", default=None, help="mp4 to write (default: none)")
+    play.add_argument("--seed", type=int, default=0)
+    play.add_argument("--max-frames", type=int, default=None, help="cap per episode (default: the run's env cap)")
     return parser
 
 
@@ -153,6 +172,20 @@ def main(argv: list[str] | None = None) -> int:
         return scale(args)
     if args.command == "health":
         return health(args)
+    if args.command == "report":
+        from lbc.report import report  # matplotlib only where a report is made
+
+        try:
+            png, md = report(args.runs, args.out, args.name)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"lbc report: {exc}") from None
+        print(f"wrote {png} and {md}")
+        print(md.read_text())
+        return 0
+    if args.command == "play":
+        from lbc.play import play_cli
+
+        return play_cli(args)
     return autoscale(args)
 
 

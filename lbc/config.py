@@ -35,6 +35,10 @@ class EnvConfig(_Section):
     stack: int = Field(4, ge=1)
     image_size: int = Field(84, ge=8)
     max_episode_frames: int = Field(108_000, ge=1)
+    episodic_life: bool = Field(
+        False, description="learn as if a life loss ended the episode (IMPALA's Atari table): the learner sees a "
+                           "terminal step and the core restarts, while the game, its return and the bandit's "
+                           "episode go on to the real game over (no effect in games without lives, e.g. Catch)")
     catch_rows: int = Field(10, ge=3)
     catch_columns: int = Field(5, ge=2)
 
@@ -190,6 +194,24 @@ class NguConfig(_Section):
     ucb_epsilon: float = Field(0.5, ge=0.0, le=1.0, description="chance of a uniform j")
 
 
+class EvalConfig(_Section):
+    """The evaluator (`python -m actor_svc --mode eval`): the papers' protocol (30 no-ops, the frame cap,
+    the full action set) with a fixed evaluation policy, on its own environments and seeds, never
+    sending data to replay. docs/decisions.md 28."""
+
+    enabled: bool = Field(True, description="the launcher starts an evaluator beside the actors")
+    every_versions: int = Field(40, ge=1, description="parameter versions between two evaluations")
+    episodes: int = Field(8, ge=1, description="episodes per evaluation")
+    num_envs: int = Field(8, ge=1, description="environments the episodes are spread over")
+    policy: Literal["auto", "greedy", "sample"] = Field(
+        "auto", description="greedy: epsilon-greedy on the mean advantage of the behaviour's components (NGU: "
+                            "on Q of j = 0); sample: draw from the target policy softmax(fixed_tau A); auto: "
+                            "sample for uncontrolled Boltzmann behaviours (IMPALA, dice-fixed), else greedy")
+    epsilon: float = Field(0.01, ge=0.0, le=1.0, description="epsilon of the greedy evaluation policy")
+    sticky_actions: bool = Field(False, description="Machado et al. 2018: repeat the last action with p 0.25")
+    seed: int = Field(1_000_003, description="seed of the evaluation games (apart from every actor's)")
+
+
 class Endpoints(_Section):
     """Where services listen and find each other. On Kubernetes these are service names."""
 
@@ -202,6 +224,8 @@ class Endpoints(_Section):
     learner_metrics: int = 9101
     replay_metrics: int = 9102
     bandit_metrics: int = 9103
+    eval_metrics: int = 9104
+    eval_health: str = "127.0.0.1:50054"
     actor_metrics_base: int = 9110
     rpc_timeout_s: float = Field(5.0, gt=0.0)
 
@@ -227,6 +251,7 @@ class Config(BaseSettings):
     learner: LearnerConfig = LearnerConfig()
     actor: ActorConfig = ActorConfig()
     ngu: NguConfig = NguConfig()
+    eval: EvalConfig = EvalConfig()
     endpoints: Endpoints = Endpoints()
 
     @property
@@ -370,8 +395,20 @@ _IMPALA: dict[str, Any] = {
                 "rmsprop_momentum": 0.0, "loss_reduction": "sum", "v_loss_scale": 0.5, "q_loss_scale": 0.0,
                 "pi_loss_scale": 1.0, "entropy_cost": 0.01, "rho_bar": 1.0, "c_bar": 1.0, "clip_norm": 40.0,
                 "threads": 1, "split_batch": 2},
-    "env": {"num_envs": 16},
+    # IMPALA's Atari table ends an episode on a life loss (for learning; scores are whole games)
+    "env": {"num_envs": 16, "episodic_life": True},
 }
+
+# IMPALA sized for a CPU (docs/decisions.md 29): the paper's losses, optimiser and life-loss ends, with a batch
+# of 8 (TorchBeast's) so that the learner makes four times the paper's updates per frame; at batch 32 it makes
+# ~2,000 updates in 5M frames and had not moved from random play on Breakout (entropy 2.7 of log 18 = 2.89).
+_IMPALA_CPU: dict[str, Any] = {
+    **_IMPALA,
+    "replay": {**_IMPALA["replay"], "min_sequences": 16},
+    "learner": {**_IMPALA["learner"], "batch_size": 8},
+    "eval": {"every_versions": 20},
+}
+_IMPALA["eval"] = {"every_versions": 5}   # a version every 25 x 640 samples: evaluate about every 320k frames
 
 # LBC's ablations (section 5.3, Fig. 5 / Table 12), on the `cpu` sizing: reduce H (all three policy
 # models are h_1), reduce H and Psi (one policy, psi = tau), random behaviour selection (the bandits
@@ -457,6 +494,7 @@ CATCH_SIZING: dict[str, Any] = {
     "learner": {"batch_size": 32, "learning_rate": 2e-3, "warmup_steps": 20, "anneal_steps": 100_000,
                 "push_every": 5, "checkpoint_every": 200, "clip_norm": 40.0},
     "actor": {"pull_every": 10},
+    "eval": {"every_versions": 10, "episodes": 32, "num_envs": 8},
 }
 
 # LBC-BM on the built-in Catch game: the end-to-end learning check.
@@ -471,6 +509,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper": _PAPER,
     "cpu": _CPU,
     "impala": _IMPALA,
+    "impala-cpu": _IMPALA_CPU,
     "lbc-reduce-h": _LBC_REDUCE_H,
     "lbc-reduce-h-psi": _LBC_REDUCE_H_PSI,
     "lbc-random": _LBC_RANDOM,

@@ -37,11 +37,13 @@ class StepResult:
     reward: np.ndarray      # [E] float32, raw game score change
     done: np.ndarray        # [E] bool, episode ended (terminal or frame cap)
     truncated: np.ndarray   # [E] bool, ended by the frame cap
+    life_lost: np.ndarray   # [E] bool, a life was lost and the game goes on (always False without lives)
 
 
 class AtariEnvs:
     """ALE games: full action set, no sticky actions, up to 30 no-ops, skip 4 with max-pool,
-    84x84 grey, 4-frame stack, no life-loss termination, 108,000-frame cap, raw rewards."""
+    84x84 grey, 4-frame stack, no life-loss termination, 108,000-frame cap, raw rewards. Life losses
+    are reported (`life_lost`) for the learners that treat them as ends (env.episodic_life)."""
 
     def __init__(self, cfg: EnvConfig, num_envs: int, seed: int) -> None:
         from ale_py.vector_env import AtariVectorEnv  # heavy import, only where Atari runs
@@ -59,16 +61,20 @@ class AtariEnvs:
             episodic_life=False, reward_clipping=False, use_fire_reset=False,
         )
 
-    def reset(self) -> np.ndarray:
-        obs, _ = self._env.reset(seed=self._seed)
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        obs, info = self._env.reset(seed=self._seed if seed is None else seed)
+        self._lives = info["lives"]
         return obs
 
     def step(self, actions: np.ndarray) -> StepResult:
         # AtariVectorEnv hangs without an error on an action outside the set: check first.
         if actions.shape != (self.num_envs,) or actions.min() < 0 or actions.max() >= self.spec.num_actions:
             raise ValueError(f"actions out of range [0, {self.spec.num_actions}): {actions}")
-        obs, reward, term, trunc, _ = self._env.step(actions.astype(np.int64))
-        return StepResult(obs, reward.astype(np.float32), term | trunc, trunc)
+        obs, reward, term, trunc, info = self._env.step(actions.astype(np.int64))
+        done = term | trunc
+        life_lost = (info["lives"] < self._lives) & ~done
+        self._lives = info["lives"]
+        return StepResult(obs, reward.astype(np.float32), done, trunc, life_lost)
 
     def close(self) -> None:
         self._env.close()
@@ -101,7 +107,9 @@ class CatchEnvs:
         obs[idx, 0, self.rows - 1, self._paddle] = 255
         return obs
 
-    def reset(self) -> np.ndarray:
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
         self._reset_where(np.ones(self.num_envs, bool))
         return self._observe()
 
@@ -113,7 +121,8 @@ class CatchEnvs:
         done = self._ball_row == self.rows - 1
         reward = np.where(done, np.where(self._ball_col == self._paddle, 1.0, -1.0), 0.0).astype(np.float32)
         self._reset_where(done)
-        return StepResult(self._observe(), reward, done, np.zeros(self.num_envs, bool))
+        no = np.zeros(self.num_envs, bool)
+        return StepResult(self._observe(), reward, done, no, no.copy())
 
     def close(self) -> None:
         pass

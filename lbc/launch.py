@@ -1,7 +1,8 @@
 """Local launcher (`make run`): every service as a supervised child process on 127.0.0.1.
 
 Prints a progress line every few seconds from the services' own /metrics, appends it to
-runs/<name>/metrics.jsonl, restarts a service that dies (the learner from its last checkpoint),
+runs/<name>/metrics.jsonl and to TensorBoard event files in runs/<name>/tensorboard, restarts a
+service that dies (the learner from its last checkpoint),
 and stops everything on Ctrl-C or SIGTERM.
 """
 
@@ -24,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from lbc.bandit import Discretisation
 from lbc.config import PRESETS, Config, load_config
 from lbc.scores import human_normalised
+from lbc.tensorboard import TensorBoardLog
 
 MAX_RESTARTS = 5          # within RESTART_WINDOW_S; more means something is wrong, not transient
 RESTART_WINDOW_S = 120.0
@@ -90,6 +92,8 @@ class Progress:
         e = self.cfg.endpoints
         actor_metrics = [scrape(e.actor_metrics_base + i) for i in range(self.actors)]
         learner, replay, bandit = scrape(e.learner_metrics), scrape(e.replay_metrics), scrape(e.bandit_metrics)
+        evaluator = scrape(e.eval_metrics) if self.cfg.eval.enabled else {}
+        evaluated = bool(value(evaluator, "lbc_eval_evaluations_total"))
         frames = sum(value(m, "lbc_actor_frames_total") or 0.0 for m in actor_metrics)
         episodes = sum(value(m, "lbc_actor_episodes_total") or 0.0 for m in actor_metrics)
         mean_return, return_window = pooled(actor_metrics, "lbc_actor_return")
@@ -117,6 +121,11 @@ class Progress:
             "replay_fill": size / cap if size is not None and cap else None,
             "bandit_episodes": value(bandit, "lbc_bandit_episodes_total"),
             "bandit_top": self._top_arms(bandit),
+            # the evaluator's last score (fixed evaluation policy, whole games) and the version it played
+            "eval_score": value(evaluator, "lbc_eval_score", stat="mean") if evaluated else None,
+            "eval_version": value(evaluator, "lbc_eval_param_version") if evaluated else None,
+            "losses": {f"{labels['policy']}/{labels['term']}": v for labels, v in learner.get("lbc_learner_loss", [])},
+            "grad_norm": value(learner, "lbc_learner_grad_norm"),
         }
 
     def _top_arms(self, bandit: dict) -> dict[str, str]:
@@ -151,13 +160,14 @@ class Progress:
         return (f"frames {f(r['frames'], ',.0f')} | {f(r['fps'], ',.0f')} f/s | episodes {f(r['episodes'], '.0f')} | "
                 f"return100 {f(r['mean_return_100'], '.2f')}"
                 + (f" (j=0: {f(r['exploit_return_100'], '.2f')})" if r.get("exploit_return_100") is not None else "")
-                + f" | HNS {f(r['hns'], '.3f')} | "
+                + f" | HNS {f(r['hns'], '.3f')} | eval {f(r.get('eval_score'), '.2f')}"
+                + (f" (v{f(r['eval_version'], '.0f')})" if r.get("eval_version") is not None else "") + " | "
                 f"learner {f(r['learner_steps'], '.0f')} steps {f(r['learner_sps'], '.2f')}/s | "
                 f"version {f(r['version'], '.0f')} lag {f(r['lag'], '.1f')} | replay {f(r['replay_fill'], '.0%')} | "
                 f"bandit {top}")
 
 
-def build_children(args: argparse.Namespace, run_dir: Path) -> list[Child]:
+def build_children(args: argparse.Namespace, run_dir: Path, cfg: Config) -> list[Child]:
     common = ["--preset", args.preset, "--set", f"run_dir={run_dir}", "--set", f"env.game={args.game}"]
     for item in args.overrides:
         common += ["--set", item]
@@ -170,6 +180,8 @@ def build_children(args: argparse.Namespace, run_dir: Path) -> list[Child]:
     ]
     children += [Child(f"actor-{i}", [py, "-m", "actor_svc", *common, "--index", str(i), "--actor-id", f"actor-{i}"],
                        logs / f"actor-{i}.log") for i in range(args.actors)]
+    if cfg.eval.enabled:
+        children.append(Child("evaluator", [py, "-m", "actor_svc", *common, "--mode", "eval"], logs / "evaluator.log"))
     return children
 
 
@@ -184,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: until Ctrl-C)")
     parser.add_argument("--until-return", type=float, default=None,
                         help="stop once the mean return of the last 100 episodes reaches this")
+    parser.add_argument("--until-frames", type=float, default=None,
+                        help="stop once the actors played this many emulator frames (a learning curve's budget)")
     parser.add_argument("--until-learner-steps", type=int, default=None,
                         help="stop once the learner made this many steps (and, with a bandit, a return came back)")
     parser.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
@@ -200,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
-    children = build_children(args, run_dir)
+    children = build_children(args, run_dir, cfg)
 
     stopping = False
 
@@ -218,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lbc: started {child.name} (pid {child.proc.pid})", flush=True)
 
     progress = Progress(cfg, args.actors)
+    tensorboard = TensorBoardLog(run_dir / "tensorboard")
     started = time.monotonic()
     next_report = started + args.progress_every
     exit_code = 0
@@ -242,12 +257,16 @@ def main(argv: list[str] | None = None) -> int:
                 record = progress.record()
                 metrics_log.write(json.dumps(record) + "\n")
                 metrics_log.flush()
+                tensorboard.write(record)
                 print(f"[{time.monotonic() - started:6.0f}s] {Progress.line(record)}", flush=True)
                 # NGU's own measure is its exploitative member's return (its others explore on purpose)
                 key, window = (("exploit_return_100", "exploit_window") if cfg.ngu.enabled
                                else ("mean_return_100", "return_window"))
                 if args.until_return is not None and record[window] >= 100 and record[key] >= args.until_return:
                     print(f"lbc: mean return reached {args.until_return}", flush=True)
+                    break
+                if args.until_frames is not None and record["frames"] >= args.until_frames:
+                    print(f"lbc: reached {args.until_frames:,.0f} frames", flush=True)
                     break
                 if (args.until_learner_steps is not None and (record["learner_steps"] or 0) >= args.until_learner_steps
                         and (not cfg.behaviour.controlled or (record["bandit_episodes"] or 0) >= 1)):
@@ -257,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
 
     print("lbc: stopping services", flush=True)
+    tensorboard.close()
     shutdown(children)
     print("lbc: stopped", flush=True)
     return exit_code

@@ -64,3 +64,20 @@ def test_catch_rules_and_optimal_policy():
     res.reset()
     rewards = np.concatenate([res.step(np.ones(64, np.int64)).reward for _ in range(cfg.catch_rows - 1)])
     assert rewards.sum() < 0                     # standing still misses most balls
+
+
+def test_breakout_reports_life_losses_apart_from_game_over():
+    """Life losses come as `life_lost` while the game goes on (env.episodic_life turns them into learning
+    ends in the actor); a game over is `done` and never also a life loss."""
+    cfg = load_config("cpu", ["env.game=breakout", "env.num_envs=2"]).env
+    envs = AtariEnvs(cfg, 2, seed=3)
+    envs.reset()
+    rng = np.random.default_rng(0)
+    lost = dones = 0
+    for _ in range(1500):
+        result = envs.step(rng.integers(0, 18, 2))
+        assert not (result.life_lost & result.done).any()
+        lost += int(result.life_lost.sum())
+        dones += int(result.done.sum())
+    envs.close()
+    assert dones >= 1 and lost >= 4 * dones   # five lives: four losses before each game over

@@ -1,0 +1,162 @@
+"""The evaluator (`python -m actor_svc --mode eval`): an actor that plays a fixed evaluation policy on
+its own games and reports scores, and never sends anything to replay or the bandit.
+
+Every `eval.every_versions` parameter versions it takes the newest parameters and, without pulling
+again until it is done, plays `eval.episodes` whole games on `eval.num_envs` environments seeded apart
+from every actor (the papers' protocol: up to 30 no-ops, the 108,000-frame cap, the full action set;
+sticky actions on request). Each evaluation is one line of `runs/<name>/eval.jsonl` and a set of
+Prometheus gauges: raw mean, median and std, HNS, HWRNS, SABER and whether the mean beats the human
+world record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from prometheus_client import Counter, Gauge
+
+from actor_svc.ngu_acting import NguActing
+from actor_svc.peers import ParamPuller
+from lbc.acting import CoreInputs, evaluation_policy, evaluation_probs, forward
+from lbc.behaviour import sample_actions
+from lbc.config import Config
+from lbc.envs import make_envs
+from lbc.nets import build_agent
+from lbc.scores import summarise
+
+log = logging.getLogger("evaluator")
+
+EVALS = Counter("lbc_eval_evaluations_total", "Evaluations finished")
+EVAL_EPISODES = Counter("lbc_eval_episodes_total", "Evaluation episodes finished")
+EVAL_FRAMES = Counter("lbc_eval_frames_total", "Emulator frames played by the evaluator")
+EVAL_VERSION = Gauge("lbc_eval_param_version", "Parameter version of the last evaluation")
+EVAL_SCORE = Gauge("lbc_eval_score", "Raw score of the last evaluation", ["stat"])
+EVAL_NORMALISED = Gauge("lbc_eval_normalised_score", "Normalised mean score of the last evaluation "
+                        "(hns, hwrns, saber; absent outside the Atari table)", ["measure"])
+EVAL_HWRB = Gauge("lbc_eval_world_record_broken", "1 when the last evaluation's mean beats the human world record")
+EVAL_SECONDS = Gauge("lbc_eval_seconds", "Wall time of the last evaluation")
+
+
+def eval_env_config(cfg: Config):
+    """The actors' environment with the evaluation protocol: sticky actions only when asked."""
+    return cfg.env.model_copy(update={"repeat_action_probability": 0.25 if cfg.eval.sticky_actions else 0.0})
+
+
+class EpisodeQuota:
+    """Which finished episodes count: the first `quota[e]` of each environment, the quotas splitting
+    `episodes` as evenly as possible. Counting the first episodes of every environment, rather than the
+    first `episodes` to finish anywhere, keeps long games from being under-counted."""
+
+    def __init__(self, episodes: int, num_envs: int) -> None:
+        self.quota = np.array([len(part) for part in np.array_split(np.arange(episodes), num_envs)])
+        self.scores: list[list[float]] = [[] for _ in range(num_envs)]
+
+    def record(self, env: int, score: float) -> None:
+        if len(self.scores[env]) < self.quota[env]:
+            self.scores[env].append(score)
+
+    @property
+    def done(self) -> bool:
+        return all(len(s) >= q for s, q in zip(self.scores, self.quota, strict=True))
+
+    def all_scores(self) -> list[float]:
+        return [score for env in self.scores for score in env]
+
+
+def play(cfg: Config, net: torch.nn.Module, envs, episodes: int, seed: int, policy: str,
+         ngu: NguActing | None = None, generator: torch.Generator | None = None,
+         on_frame=None, stop=None) -> tuple[list[float], int] | None:
+    """Play `episodes` whole games with the evaluation policy from fresh resets; (scores, agent steps),
+    or None when `stop` (a threading.Event) is set first. `on_frame(obs, actions)` (optional) sees every
+    step, e.g. to record a video."""
+    num_envs = envs.num_envs
+    quota = EpisodeQuota(episodes, num_envs)
+    obs = envs.reset(seed=seed)
+    inputs = CoreInputs.start(net, num_envs)
+    if ngu is not None:
+        for e in range(num_envs):
+            ngu.new_episode(e, 0)   # NGU's exploitative member
+    returns = np.zeros(num_envs)
+    steps = 0
+    while not quota.done:
+        if stop is not None and stop.is_set():
+            return None
+        fields = ngu.observe(obs, inputs.reset) if ngu is not None else None
+        out = forward(net, obs, inputs, ngu.core_inputs(fields) if ngu is not None else None)
+        actions, _ = sample_actions(evaluation_probs(cfg, out, policy), generator)
+        action_np = actions.numpy()
+        if on_frame is not None:
+            on_frame(obs, action_np)
+        result = envs.step(action_np)
+        returns += result.reward
+        for e in np.flatnonzero(result.done):
+            quota.record(int(e), float(returns[e]))
+            returns[e] = 0.0
+        obs = result.obs
+        inputs.advance(action_np, result.reward, result.done, out.state)
+        steps += num_envs
+    return quota.all_scores(), steps
+
+
+def run(cfg: Config, stop, index: int = 0) -> int:
+    """The evaluator's loop; returns when `stop` is set."""
+    ec = cfg.eval
+    game = cfg.env.game if cfg.env.kind == "atari" else cfg.env.kind
+    envs = make_envs(eval_env_config(cfg), ec.num_envs, seed=ec.seed)
+    spec = envs.spec
+    agent = build_agent(cfg, spec.obs_shape, spec.num_actions).eval()
+    net = agent.net if cfg.ngu.enabled else agent
+    ngu = NguActing(cfg, 0, ec.num_envs, agent.aux) if cfg.ngu.enabled else None
+    puller = ParamPuller(cfg, f"evaluator-{index}", agent)
+    policy = evaluation_policy(cfg)
+    generator = torch.Generator().manual_seed(ec.seed)
+    frame_skip = cfg.env.frameskip if cfg.env.kind == "atari" else 1
+    out_path = Path(cfg.run_dir) / "eval.jsonl"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    log.info("evaluator up: %s, policy %s (eps %.3g), %d episodes on %d environments every %d versions, "
+             "sticky actions %s; results in %s", game, policy, ec.epsilon, ec.episodes, ec.num_envs,
+             ec.every_versions, ec.sticky_actions, out_path)
+
+    last = None
+    rounds = 0
+    while not stop.is_set():
+        puller.pull()
+        if puller.version < 0 or (last is not None and puller.version < last + ec.every_versions):
+            stop.wait(1.0)
+            continue
+        version = puller.version
+        started = time.monotonic()
+        played = play(cfg, net, envs, ec.episodes, ec.seed + rounds, policy, ngu, generator, stop=stop)
+        if played is None:
+            break
+        scores, steps = played
+        seconds = time.monotonic() - started
+        rounds += 1
+        last = version
+        record = {"time": time.time(), "version": version, "game": game, "policy": policy,
+                  "epsilon": ec.epsilon if policy == "greedy" else None, "sticky_actions": ec.sticky_actions,
+                  "noop_max": cfg.env.noop_max, "max_episode_frames": cfg.env.max_episode_frames,
+                  **summarise(game, scores), "scores": scores, "frames": steps * frame_skip, "seconds": seconds}
+        with out_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        EVALS.inc()
+        EVAL_EPISODES.inc(len(scores))
+        EVAL_FRAMES.inc(steps * frame_skip)
+        EVAL_VERSION.set(version)
+        EVAL_SECONDS.set(seconds)
+        for stat in ("mean", "median", "std"):
+            EVAL_SCORE.labels(stat).set(record[stat])
+        for measure in ("hns", "hwrns", "saber"):
+            if record[measure] is not None:
+                EVAL_NORMALISED.labels(measure).set(record[measure])
+        if record["hwrb"] is not None:
+            EVAL_HWRB.set(float(record["hwrb"]))
+        log.info("version %d: mean %.2f median %.2f std %.2f over %d episodes (%.0f s)", version, record["mean"],
+                 record["median"], record["std"], len(scores), seconds)
+    envs.close()
+    return 0

@@ -1,0 +1,76 @@
+"""The acting step every player of the game shares: the actor, the evaluator, `lbc play` and `bench/`.
+
+Per vector step: one batched forward pass of the recurrent network over every environment's newest
+observation, then a policy over its heads (the hybrid behaviour for actors, the evaluation policy for
+the evaluator), then one action per environment. `CoreInputs` carries what the core sees besides the
+frame (previous action and reward, where an episode restarts, the recurrent state) from one step to
+the next, so that each caller only decides what counts as an episode boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lbc.behaviour import boltzmann_mixture, epsilon_greedy
+from lbc.config import Config
+from lbc.nets import LBCNet, NetOutput
+
+
+@dataclass
+class CoreInputs:
+    """What the recurrent core takes with x_t, for E environments."""
+
+    prev_action: np.ndarray                      # [E] int64, a_{t-1} (0 at an episode start)
+    prev_reward: np.ndarray                      # [E] float32, r_{t-1} (0 at an episode start)
+    reset: np.ndarray                            # [E] bool, x_t starts an episode: the state is zeroed first
+    state: tuple[torch.Tensor, torch.Tensor]     # (h, c) before x_t, [E, H] each
+
+    @classmethod
+    def start(cls, net: LBCNet, num_envs: int) -> CoreInputs:
+        return cls(np.zeros(num_envs, np.int64), np.zeros(num_envs, np.float32), np.ones(num_envs, bool),
+                   net.initial_state(num_envs))
+
+    def advance(self, actions: np.ndarray, rewards: np.ndarray, boundary: np.ndarray,
+                state: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """After a step: where `boundary` (an episode end as the learner sees it) the next x starts afresh."""
+        self.prev_action = np.where(boundary, 0, actions)
+        self.prev_reward = np.where(boundary, 0.0, rewards).astype(np.float32)
+        self.reset = boundary
+        self.state = state
+
+
+@torch.no_grad()
+def forward(net: LBCNet, obs: np.ndarray, inputs: CoreInputs, extra: torch.Tensor | None = None) -> NetOutput:
+    """One time step of the network for every environment: obs [E, *obs_shape] uint8. The outputs keep
+    a leading time axis of 1 (adv [1, E, N, A])."""
+    return net(torch.from_numpy(obs)[None], torch.from_numpy(inputs.prev_action)[None],
+               torch.from_numpy(inputs.prev_reward)[None], torch.from_numpy(inputs.reset)[None], inputs.state,
+               extra)
+
+
+def evaluation_policy(cfg: Config) -> str:
+    """The evaluation policy `eval.policy` resolves to (docs/decisions.md 28): `sample` from the target
+    policy where the behaviour is a fixed Boltzmann policy (IMPALA, dice-fixed), else `greedy`."""
+    if cfg.eval.policy != "auto":
+        return cfg.eval.policy
+    fixed_boltzmann = (not cfg.behaviour.controlled and cfg.behaviour.family == "boltzmann_mixture"
+                       and not cfg.ngu.enabled)
+    return "sample" if fixed_boltzmann else "greedy"
+
+
+def evaluation_probs(cfg: Config, out: NetOutput, policy: str) -> torch.Tensor:
+    """pi_eval [E, A] from one step's network output.
+
+    greedy: eps-greedy (eval.epsilon) on the mean of the behaviour components' advantages, the limit of
+    the uniform-weight mixture as every tau grows (NGU: its one head, fed j = 0, is Q(., j=0) up to V).
+    sample: the target policy softmax(fixed_tau A) averaged over the components with equal weights.
+    """
+    adv = out.adv[0][:, cfg.components]                          # [E, K, A]
+    if policy == "greedy":
+        return epsilon_greedy(adv.mean(1), cfg.eval.epsilon)
+    k = adv.shape[1]
+    tau = torch.full(adv.shape[:2], cfg.behaviour.fixed_tau)
+    return boltzmann_mixture(adv, tau, torch.full(adv.shape[:2], 1.0 / k))

@@ -1,0 +1,69 @@
+"""The acting step shared by actors, the evaluator and `lbc play`: core inputs across episode boundaries,
+the evaluation policy per preset, and which evaluation episodes count."""
+
+import numpy as np
+import pytest
+import torch
+
+from actor_svc.evaluator import EpisodeQuota, eval_env_config
+from lbc.acting import CoreInputs, evaluation_policy, evaluation_probs
+from lbc.config import load_config
+from lbc.nets import LBCNet, NetOutput
+
+
+def test_core_inputs_restart_at_boundaries():
+    net = LBCNet("mlp", (1, 4, 3), 3, 2, hidden=8, lstm=8)
+    inputs = CoreInputs.start(net, 3)
+    assert inputs.reset.all() and not inputs.prev_action.any() and inputs.state[0].shape == (3, 8)
+    state = (torch.ones(3, 8), torch.ones(3, 8))
+    inputs.advance(np.array([2, 1, 2]), np.array([0.5, -1.0, 3.0], np.float32), np.array([False, True, False]), state)
+    assert inputs.prev_action.tolist() == [2, 0, 2]
+    assert inputs.prev_reward.tolist() == [0.5, 0.0, 3.0]
+    assert inputs.reset.tolist() == [False, True, False] and inputs.state is state
+
+
+@pytest.mark.parametrize("preset, expected", [
+    ("cpu", "greedy"), ("impala", "sample"), ("impala-cpu", "sample"), ("dice", "greedy"), ("dice-fixed", "sample"),
+    ("gdi-h3", "greedy"), ("ngu", "greedy"), ("agent57", "greedy")])
+def test_evaluation_policy_per_preset(preset, expected):
+    assert evaluation_policy(load_config(preset)) == expected
+    assert evaluation_policy(load_config(preset, ["eval.policy=sample"])) == "sample"
+
+
+def _output(adv: list[list[list[float]]]) -> NetOutput:
+    a = torch.tensor(adv)[None]   # [1, E, N, A]
+    return NetOutput(adv=a, value=torch.zeros(a.shape[:3]), state=(torch.zeros(1), torch.zeros(1)))
+
+
+def test_greedy_evaluation_is_epsilon_greedy_on_the_mean_advantage():
+    cfg = load_config("cpu", ["eval.epsilon=0.1"])   # three components, one per policy
+    # policy 1 prefers action 0 a little, policies 2 and 3 prefer action 2: the mean prefers 2
+    out = _output([[[0.3, 0.0, -0.3] + [0.0] * 15, [-0.2, 0.0, 0.4] + [0.0] * 15, [-0.2, 0.0, 0.4] + [0.0] * 15]])
+    probs = evaluation_probs(cfg, out, "greedy")[0]
+    assert probs[2] == pytest.approx(0.9 + 0.1 / 18) and probs[0] == pytest.approx(0.1 / 18)
+    assert probs.sum() == pytest.approx(1.0)
+
+
+def test_sampled_evaluation_is_the_target_policy():
+    cfg = load_config("impala")   # one policy, fixed_tau 1: pi = softmax(A)
+    adv = [[[1.0, 0.0, -1.0] + [0.0] * 15]]
+    probs = evaluation_probs(cfg, _output(adv), "sample")[0]
+    assert torch.allclose(probs, torch.softmax(torch.tensor(adv[0][0]), -1), atol=1e-6)
+
+
+def test_episode_quota_counts_the_first_episodes_of_each_environment():
+    quota = EpisodeQuota(5, 2)                  # 3 episodes from environment 0, 2 from environment 1
+    assert quota.quota.tolist() == [3, 2]
+    for score in (1.0, 2.0, 3.0):
+        quota.record(1, score)                  # environment 1's short games: only its first two count
+    assert not quota.done
+    for score in (10.0, 20.0, 30.0, 40.0):
+        quota.record(0, score)
+    assert quota.done and sorted(quota.all_scores()) == [1.0, 2.0, 10.0, 20.0, 30.0]
+
+
+def test_evaluation_protocol_options():
+    cfg = load_config("cpu")
+    assert eval_env_config(cfg).repeat_action_probability == 0.0
+    sticky = eval_env_config(load_config("cpu", ["eval.sticky_actions=true"]))
+    assert sticky.repeat_action_probability == 0.25 and sticky.noop_max == 30 and sticky.max_episode_frames == 108_000

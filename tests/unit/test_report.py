@@ -1,0 +1,113 @@
+"""`lbc report` on small fixed run folders, TensorBoard files read back with tensorboard's own reader,
+and `lbc play` writing an mp4 of a real game that decodes to the frames it played."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from lbc.cli import build_parser, main
+from lbc.config import load_config
+from lbc.report import frames_at_version, load_run
+from lbc.tensorboard import TensorBoardLog, region_value
+
+
+def _write_run(folder, preset, game, returns, evals):
+    """A run folder as the launcher writes it: one progress record per 100k frames, version = record index."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(load_config(preset, [f"env.game={game}"]).model_dump_json())
+    with (folder / "metrics.jsonl").open("w") as f:
+        for i, ret in enumerate(returns):
+            f.write(json.dumps({"time": 1000.0 + 10 * i, "frames": 100_000.0 * i, "version": float(i),
+                                "mean_return_100": ret, "learner_steps": 10.0 * i}) + "\n")
+        f.write('{"time": 1')   # a record cut short by a kill is skipped
+    with (folder / "eval.jsonl").open("w") as f:
+        for version, mean in evals:
+            f.write(json.dumps({"version": version, "mean": mean, "std": 1.0, "episodes": 8, "policy": "greedy",
+                                "epsilon": 0.01, "noop_max": 30, "sticky_actions": False}) + "\n")
+
+
+def test_evaluations_sit_at_the_frames_their_version_was_published(tmp_path):
+    _write_run(tmp_path / "a", "cpu", "breakout", [1.0, 2.0, 3.0, 4.0], [(0, 1.5), (2, 5.0), (9, 7.0)])
+    run = load_run(tmp_path / "a")
+    assert [e["frames"] for e in run.evals] == [0.0, 200_000.0]   # version 9 was never published in this log
+    assert run.final_eval["mean"] == 5.0 and run.frames == 300_000.0
+    assert frames_at_version(run.metrics, 1.5) == 200_000.0
+
+
+def test_report_writes_plot_and_summary_with_aggregates(tmp_path, capsys):
+    _write_run(tmp_path / "cpu-breakout", "cpu", "breakout", [1.5, 3.0, 6.0, 9.0], [(0, 1.5), (3, 12.0)])
+    _write_run(tmp_path / "cpu-pong", "cpu", "pong", [-21.0, -20.0, -15.0, -5.0], [(0, -21.0), (3, 0.0)])
+    _write_run(tmp_path / "impala-breakout", "impala", "breakout", [1.0, 1.5, 2.0, 2.0], [(1, 2.0)])
+    runs = [str(tmp_path / n) for n in ("cpu-breakout", "cpu-pong", "impala-breakout")]
+    assert main(["report", *runs, "--out", str(tmp_path / "out"), "--name", "r"]) == 0
+    png, md = tmp_path / "out" / "r.png", (tmp_path / "out" / "r.md").read_text()
+    image = np.asarray(Image.open(png).convert("RGB"))
+    assert image.shape[0] >= 600 and image.shape[1] >= 1000          # two games: two rows of two panels
+    colours = {tuple(c) for c in image.reshape(-1, 3)[::7]}
+    assert (31, 119, 180) in colours and (255, 127, 14) in colours     # the first two runs' lines (C0, C1)
+    assert "| cpu-breakout | cpu | breakout | 0.30M |" in md and "12.00 ± 1.00" in md
+    # cpu over two games: HNS of the final scores, breakout (12 - 1.7) / 28.8 and pong (0 + 20.7) / 35.3
+    expected_mean = 100 * ((12 - 1.7) / 28.8 + 20.7 / 35.3) / 2
+    assert f"| {expected_mean:.1f}% |" in md and "## cpu: aggregates" in md and "## impala" not in md
+    assert "IQM of HNS over 1 run(s) x 2 game(s)" in md
+    assert "r.md" in capsys.readouterr().out
+
+
+def test_report_refuses_a_folder_without_metrics(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no metrics.jsonl"):
+        main(["report", str(tmp_path / "empty")])
+
+
+def test_tensorboard_files_read_back(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    log = TensorBoardLog(tmp_path / "tb")
+    for i in range(3):
+        log.write({"frames": 1000.0 * i, "mean_return_100": -20.0 + i, "eval_score": None if i == 0 else 5.0 * i,
+                   "fps": 900.0, "losses": {"1/v": 0.5 / (i + 1), "2/pi": -0.1},
+                   "bandit_top": {"tau_1": "[9.0,9.2)", "mixture": "=j3"}})
+    log.close()
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/return100", "eval/score", "speed/frames_per_s", "loss/v/policy_1", "loss/pi/policy_2",
+            "bandit/tau_1", "bandit/mixture"} <= tags
+    assert [(e.step, e.value) for e in acc.Scalars("train/return100")] == [(0, -20.0), (1000, -19.0), (2000, -18.0)]
+    assert [e.step for e in acc.Scalars("eval/score")] == [1000, 2000]
+    assert acc.Scalars("bandit/tau_1")[0].value == pytest.approx(9.1)
+    assert region_value("=j3") == 3.0 and region_value("odd") is None
+
+
+def test_play_writes_a_video_of_the_frames_played(tmp_path, capsys):
+    """A checkpoint (a fresh agent) plays real Breakout; the mp4 decodes to the frames played."""
+    import imageio.v2 as imageio
+
+    from lbc.nets import build_agent
+    from learner_svc import checkpoint
+    from learner_svc.training import build_optimiser
+
+    run = tmp_path / "run"
+    cfg = load_config("cpu", ["env.game=breakout", f"run_dir={run}"])
+    run.mkdir()
+    (run / "config.json").write_text(cfg.model_dump_json())
+    agent = build_agent(cfg, (4, 84, 84), 18)
+    checkpoint.save(run / "checkpoints", agent, build_optimiser(agent, cfg.learner), checkpoint.Counters(7, 3, 0))
+    video = tmp_path / "out.mp4"
+    args = build_parser().parse_args(["play", str(run), "--episodes", "1", "--video", str(video),
+                                      "--max-frames", "600", "--version", "3"])
+    from lbc.play import play_cli
+
+    assert play_cli(args) == 0
+    out = capsys.readouterr().out
+    assert "version 3, learner step 7" in out and re.search(r"episode 1: score \d+", out)
+    written = int(re.search(r"\((\d+) frames\)", out).group(1))
+    # iterate: list() would ask the reader's length first, which is infinite for a stream
+    frames = [frame for frame in imageio.get_reader(str(video), format="ffmpeg").iter_data()]
+    assert len(frames) == written and 100 < written <= 600 + 30   # the cap, plus up to 30 no-ops
+    assert frames[0].shape == (210, 160, 3) and frames[-1].std() > 0
+    with pytest.raises(SystemExit, match="versions kept: \\[3\\]"):
+        play_cli(build_parser().parse_args(["play", str(run), "--version", "99"]))
