@@ -42,9 +42,9 @@ run: install
 # A learning curve: the whole system (with its evaluator) for FRAMES emulator frames, then the report
 # (runs/curve-PRESET-GAME.png and .md beside the run folder).
 curve: install
-	$(PY) -m lbc.launch --preset $(PRESET) --game $(GAME) --actors $(ACTORS) --name curve-$(PRESET)-$(GAME) \
+	$(PY) -m lbc.launch --preset $(PRESET) --game $(GAME) --actors $(ACTORS) --name curve-$(NAME) \
 	  --until-frames $(FRAMES) $(ARGS)
-	$(VENV)/bin/lbc report runs/curve-$(PRESET)-$(GAME) --name curve-$(PRESET)-$(GAME)
+	$(VENV)/bin/lbc report runs/curve-$(NAME) --name curve-$(NAME)
 
 # Tools the deployment tests run for real: Prometheus/promtool (Debian) and kubectl with kustomize.
 test-tools:

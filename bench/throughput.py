@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from actor_svc.ngu_acting import NguActing
+from lbc.acting import CoreInputs, forward
 from lbc.behaviour import behaviour_probs, sample_actions
 from lbc.config import PRESETS, Config, load_config
 from lbc.envs import make_envs
@@ -64,27 +65,25 @@ def _actor_parts(cfg: Config) -> tuple[np.ndarray, torch.nn.Module, NguActing | 
 
 
 def inference_rate(cfg: Config, seconds: float) -> float:
-    obs_np, net, ngu = _actor_parts(cfg)
-    obs = torch.from_numpy(obs_np)[None]
+    """The actor's acting step (lbc.acting.forward, the behaviour, sampling) on one real observation."""
+    obs, net, ngu = _actor_parts(cfg)
     b, n = cfg.env.num_envs, cfg.num_components
     heads = torch.tensor(cfg.components)
-    state = net.initial_state(b)
-    prev_a, prev_r = torch.zeros(1, b, dtype=torch.long), torch.zeros(1, b)
-    reset = torch.zeros(1, b, dtype=torch.bool)
+    inputs = CoreInputs.start(net, b)
+    inputs.reset[:] = False
     tau, omega = torch.ones(b, n), torch.full((b, n), 1.0 / n)
     samples, start = 0, time.perf_counter()
-    with torch.no_grad():
-        while time.perf_counter() - start < seconds:
-            if ngu is None:
-                out = net(obs, prev_a, prev_r, reset, state)
-                probs = behaviour_probs(cfg.behaviour.family, out.adv[0][:, heads], tau, omega)
-            else:
-                fields = ngu.observe(obs_np, reset[0].numpy())
-                out = net(obs, prev_a, prev_r, reset, state, ngu.core_inputs(fields))
-                probs = ngu.behaviour(out)
-            sample_actions(probs)
-            state = out.state
-            samples += b
+    while time.perf_counter() - start < seconds:
+        if ngu is None:
+            out = forward(net, obs, inputs)
+            probs = behaviour_probs(cfg.behaviour.family, out.adv[0][:, heads], tau, omega)
+        else:
+            fields = ngu.observe(obs, inputs.reset)
+            out = forward(net, obs, inputs, ngu.core_inputs(fields))
+            probs = ngu.behaviour(out)
+        sample_actions(probs)
+        inputs.state = out.state
+        samples += b
     return samples / (time.perf_counter() - start)
 
 

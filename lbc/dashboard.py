@@ -83,6 +83,16 @@ def build() -> dict:
                             _query(f"lbc_actor_return_mean100{{{SEL}}}", "{{pod}}")))
         .with_panel(_series("Human-normalised score", "percentunit",
                             _query(f"lbc_actor_hns_mean100{{{SEL}}}", "{{pod}}")))
+        .with_row(db.Row("Evaluation (fixed policy, whole games)"))
+        .with_panel(_series("Evaluation score: mean, median, std", "short",
+                            _query(f"lbc_eval_score{{{SEL}}}", "{{stat}}")))
+        .with_panel(_series("Evaluation: normalised score of the mean", "percentunit",
+                            _query(f"lbc_eval_normalised_score{{{SEL}}}", "{{measure}}")))
+        .with_panel(_series("Version evaluated, and the learner's", "none",
+                            _query(f"max(lbc_eval_param_version{{{SEL}}})", "evaluated"),
+                            _query(f"max(lbc_learner_param_version{{{SEL}}})", "learner")))
+        .with_panel(_series("Evaluation episodes per minute", "short",
+                            _query(f"sum(rate(lbc_eval_episodes_total{{{SEL}}}{rate})) * 60", "episodes/min")))
         .with_row(db.Row("Learner"))
         .with_panel(_series("Loss terms per policy", "short",
                             _query(f"lbc_learner_loss{{{SEL}}}", "policy {{policy}} {{term}}"), width=24))

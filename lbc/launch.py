@@ -196,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: until Ctrl-C)")
     parser.add_argument("--until-return", type=float, default=None,
                         help="stop once the mean return of the last 100 episodes reaches this")
+    parser.add_argument("--until-eval", type=float, default=None,
+                        help="stop once an evaluation (fixed policy, whole games) scores at least this mean")
     parser.add_argument("--until-frames", type=float, default=None,
                         help="stop once the actors played this many emulator frames (a learning curve's budget)")
     parser.add_argument("--until-learner-steps", type=int, default=None,
@@ -264,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
                                else ("mean_return_100", "return_window"))
                 if args.until_return is not None and record[window] >= 100 and record[key] >= args.until_return:
                     print(f"lbc: mean return reached {args.until_return}", flush=True)
+                    break
+                if args.until_eval is not None and (record["eval_score"] or -math.inf) >= args.until_eval:
+                    print(f"lbc: evaluation score reached {args.until_eval} (version {record['eval_version']:.0f})",
+                          flush=True)
                     break
                 if args.until_frames is not None and record["frames"] >= args.until_frames:
                     print(f"lbc: reached {args.until_frames:,.0f} frames", flush=True)

@@ -33,7 +33,8 @@ ENDPOINT_SERVICES = {
     "replay_serve": ("lbc-replay", "zmq-serve"),
     "replay_health": ("lbc-replay", "grpc"),
 }
-SERVICE_MODULES = {"learner": "learner_svc", "replay": "replay_svc", "bandit": "bandit_svc", "actor": "actor_svc"}
+SERVICE_MODULES = {"learner": "learner_svc", "replay": "replay_svc", "bandit": "bandit_svc", "actor": "actor_svc",
+                   "evaluator": "actor_svc"}
 ACTOR_ENV = {"LBC_ACTOR_ID", "LBC_ACTOR_INDEX"}   # read by actor_svc itself, not by the configuration
 
 
@@ -113,10 +114,12 @@ def test_endpoints_ports_and_services_agree_with_the_configuration(overlay: str,
         # the service listens on the endpoint's port (lbc.service.listen_address)
         assert ports(container(pod))[port_name] == int(port), f"{field}: container port differs"
     metrics = {"learner": cfg.endpoints.learner_metrics, "replay": cfg.endpoints.replay_metrics,
-               "bandit": cfg.endpoints.bandit_metrics, "actor": cfg.endpoints.actor_metrics_base}
+               "bandit": cfg.endpoints.bandit_metrics, "actor": cfg.endpoints.actor_metrics_base,
+               "evaluator": cfg.endpoints.eval_metrics}
     for name, port in metrics.items():
         assert ports(container(by_component[name]))["metrics"] == port, name
     assert ports(container(by_component["actor"]))["grpc"] == cfg.endpoints.actor_health_base
+    assert ports(container(by_component["evaluator"]))["grpc"] == int(cfg.endpoints.eval_health.rsplit(":", 1)[1])
 
 
 def _field_exists(model: type, path: list[str]) -> bool:

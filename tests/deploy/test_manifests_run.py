@@ -95,7 +95,7 @@ def pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Pod]]:
 
 
 def test_pods_become_ready_by_their_readiness_probes(pods: dict[str, Pod]) -> None:
-    assert set(pods) == {"actor", "learner", "replay", "bandit"}
+    assert set(pods) == {"actor", "learner", "replay", "bandit", "evaluator"}
     for pod in pods.values():
         probe = pod.readiness["grpc"]
         try:

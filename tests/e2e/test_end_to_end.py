@@ -44,6 +44,21 @@ def test_lbc_bm_learns_catch(tmp_path, variant):
     assert "mean return reached 0.9" in proc.stdout
 
 
+def test_evaluator_scores_catch(tmp_path):
+    """The evaluator beside the four services: its fixed-policy score on whole games reaches 0.9 on Catch,
+    every evaluation is logged with the version it played, and the progress line shows it."""
+    proc, records, run_dir = _launch(tmp_path, "e2e-catch-eval", "catch", "catch", 240, "--until-eval", "0.9",
+                                     timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "evaluation score reached 0.9" in proc.stdout, proc.stdout[-3000:]
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert evals[0]["mean"] < 0.5 <= 0.9 <= evals[-1]["mean"]       # from untrained play to near-optimal
+    assert evals[-1]["episodes"] == 32 and evals[-1]["policy"] == "greedy"
+    assert [e["version"] for e in evals] == sorted(e["version"] for e in evals)
+    assert records[-1]["eval_score"] >= 0.9 and " eval " in proc.stdout
+    assert "Traceback" not in (run_dir / "logs" / "evaluator.log").read_text()
+
+
 def test_short_pong_run(tmp_path):
     """Real Pong with the cpu preset: frames flow, versions advance, the bandit gets returns,
     checkpoints and the metrics log are written, and every process stops cleanly."""
