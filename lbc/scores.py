@@ -20,22 +20,24 @@ def baselines() -> dict[str, tuple[float, float, float]]:
                 for r in rows}
 
 
-def human_normalised(game: str, score: float) -> float | None:
-    """None for games outside the table (e.g. Catch)."""
+def _normalised(game: str, score: float, reference: int) -> float | None:
+    """(score - random) / (reference - random), the reference a column of the table (1: human average,
+    2: human world record); None for games outside the table (e.g. Catch)."""
     found = baselines().get(game.lower())
     if found is None:
         return None
-    random, human, _ = found
-    return (score - random) / (human - random)
+    random = found[0]
+    return (score - random) / (found[reference] - random)
+
+
+def human_normalised(game: str, score: float) -> float | None:
+    """HNS: (score - random) / (human - random); None for games outside the table (e.g. Catch)."""
+    return _normalised(game, score, 1)
 
 
 def human_world_record_normalised(game: str, score: float) -> float | None:
     """HWRNS (GDI, LBC): (score - random) / (human world record - random); None outside the table."""
-    found = baselines().get(game.lower())
-    if found is None:
-        return None
-    random, _, record = found
-    return (score - random) / (record - random)
+    return _normalised(game, score, 2)
 
 
 SABER_CAP = 2.0
