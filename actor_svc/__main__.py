@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 import zlib
 from collections import deque
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def evaluate(cfg: Config, stop) -> int:
+def evaluate(cfg: Config, stop: threading.Event) -> int:
     """The evaluator as a service: health and metrics on its own endpoints around evaluator.run."""
     server, health = grpc_server(listen_address(cfg.endpoints.eval_health), workers=2)
     server.start()

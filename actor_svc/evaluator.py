@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +26,8 @@ from actor_svc.ngu_acting import NguActing
 from actor_svc.peers import ParamPuller
 from lbc.acting import CoreInputs, evaluation_policy, evaluation_probs, forward
 from lbc.behaviour import sample_actions
-from lbc.config import Config
-from lbc.envs import make_envs
+from lbc.config import Config, EnvConfig
+from lbc.envs import VectorEnvs, make_envs
 from lbc.nets import build_agent
 from lbc.scores import summarise
 
@@ -42,7 +44,7 @@ EVAL_HWRB = Gauge("lbc_eval_world_record_broken", "1 when the last evaluation's 
 EVAL_SECONDS = Gauge("lbc_eval_seconds", "Wall time of the last evaluation")
 
 
-def eval_env_config(cfg: Config):
+def eval_env_config(cfg: Config) -> EnvConfig:
     """The actors' environment with the evaluation protocol: sticky actions only when asked."""
     return cfg.env.model_copy(update={"repeat_action_probability": 0.25 if cfg.eval.sticky_actions else 0.0})
 
@@ -68,9 +70,10 @@ class EpisodeQuota:
         return [score for env in self.scores for score in env]
 
 
-def play(cfg: Config, net: torch.nn.Module, envs, episodes: int, seed: int, policy: str,
+def play(cfg: Config, net: torch.nn.Module, envs: VectorEnvs, episodes: int, seed: int, policy: str,
          ngu: NguActing | None = None, generator: torch.Generator | None = None,
-         on_frame=None, stop=None) -> tuple[list[float], int] | None:
+         on_frame: Callable[[np.ndarray, np.ndarray], None] | None = None,
+         stop: threading.Event | None = None) -> tuple[list[float], int] | None:
     """Play `episodes` whole games with the evaluation policy from fresh resets; (scores, agent steps),
     or None when `stop` (a threading.Event) is set first. `on_frame(obs, actions)` (optional) sees every
     step, e.g. to record a video."""
@@ -103,7 +106,7 @@ def play(cfg: Config, net: torch.nn.Module, envs, episodes: int, seed: int, poli
     return quota.all_scores(), steps
 
 
-def run(cfg: Config, stop, index: int = 0) -> int:
+def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
     """The evaluator's loop; returns when `stop` is set."""
     ec = cfg.eval
     game = cfg.env.game if cfg.env.kind == "atari" else cfg.env.kind

@@ -8,6 +8,7 @@ the first one of the next episode.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -126,6 +127,17 @@ class CatchEnvs:
 
     def close(self) -> None:
         pass
+
+
+class VectorEnvs(Protocol):
+    """What actors, the evaluator and `lbc play` step: E games that reset in the same step they end."""
+
+    spec: EnvSpec
+    num_envs: int
+
+    def reset(self, seed: int | None = None) -> np.ndarray: ...
+    def step(self, actions: np.ndarray) -> StepResult: ...
+    def close(self) -> None: ...
 
 
 def make_envs(cfg: EnvConfig, num_envs: int, seed: int) -> AtariEnvs | CatchEnvs:
