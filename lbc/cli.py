@@ -74,10 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                                       "real game with the evaluation protocol and writes the game's frames as mp4.")
     play.add_argument("run", help="run folder, e.g. runs/cpu-breakout")
     play.add_argument("--version", type=int, default=None,
-                      help="learner step of the checkpoint to play (default: the newest)")
-    play.add_argument("--episodes", type=int, default=1)
+                      help="parameter version of the checkpoint to play, among those kept (default: the newest)")
+    play.add_argument("--episodes", type=int, default=1, help="games to play (default 1)")
     play.add_argument("--video", default=None, help="mp4 to write (default: none)")
-    play.add_argument("--seed", type=int, default=0)
+    play.add_argument("--seed", type=int, default=0, help="seed of the games and the policy's draws (default 0)")
     play.add_argument("--max-frames", type=int, default=None, help="cap per episode (default: the run's env cap)")
     return parser
 
