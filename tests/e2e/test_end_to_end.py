@@ -15,6 +15,11 @@ def _as_sets(tree: dict) -> list[str]:
     return [arg for override in flat_overrides(tree) for arg in ("--set", override)]
 
 
+# The Catch learning tests judge the actors' return; the evaluator has its own test (and runs in the Pong
+# smokes), so it stays off there rather than take a share of the two cores for minutes.
+NO_EVALUATOR = ("--set", "eval.enabled=false")
+
+
 def _launch(tmp_path, name, preset, game, duration, *extra, timeout):
     run_dir = REPO / "runs" / name
     overrides = [o for o in endpoint_overrides(run_dir) if not o.startswith("run_dir=")]
@@ -36,7 +41,7 @@ def _launch(tmp_path, name, preset, game, duration, *extra, timeout):
 def test_lbc_bm_learns_catch(tmp_path, variant):
     """All four services learn Catch to near-optimal (the best policy scores +1 every episode)."""
     proc, records, run_dir = _launch(tmp_path, "e2e-catch", "catch", "catch", 240, "--until-return", "0.9",
-                                     *variant, timeout=300)
+                                     *variant, *NO_EVALUATOR, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = records[-1]
     assert last["return_window"] >= 100 and last["mean_return_100"] >= 0.9, proc.stdout[-3000:]
@@ -71,6 +76,8 @@ def test_short_pong_run(tmp_path):
     assert last["version"] >= 2 and last["learner_steps"] >= 20
     assert last["bandit_episodes"] and last["bandit_episodes"] >= 1
     assert last["hns"] is not None and last["mean_return_100"] is not None
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert evals and evals[0]["game"] == "pong" and evals[0]["hns"] is not None and -21 <= evals[0]["mean"] <= 21
     assert list((run_dir / "checkpoints").glob("ckpt-*.pt"))
     assert (run_dir / "bandit" / "state.json").exists()
     assert "frames" in proc.stdout and "lbc: stopped" in proc.stdout
@@ -87,7 +94,7 @@ def test_preset_learns_catch(tmp_path, preset, target):
     """Other systems of the papers, on the same harness: Catch to near-optimal (random play scores about
     -0.6). lbc-bm on these sizes is the `catch` preset, above."""
     proc, records, _ = _launch(tmp_path, f"e2e-{preset}-catch", preset, "catch", 240, "--until-return", str(target),
-                               *_as_sets(CATCH_SIZING), timeout=300)
+                               *_as_sets(CATCH_SIZING), *NO_EVALUATOR, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = records[-1]
     assert last["return_window"] >= 100 and last["mean_return_100"] >= target, proc.stdout[-3000:]
@@ -103,7 +110,7 @@ def test_ngu_learns_catch(tmp_path, preset, target):
     epsilon (up to 0.4), hence the lower bar."""
     sizing = {**CATCH_SIZING, "ngu": {"num_mixtures": 8, "target_update_every": 100}}
     proc, records, _ = _launch(tmp_path, f"e2e-{preset}-catch", preset, "catch", 240, "--until-return", str(target),
-                               *_as_sets(sizing), timeout=300)
+                               *_as_sets(sizing), *NO_EVALUATOR, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = records[-1]
     assert last["exploit_window"] >= 100 and last["exploit_return_100"] >= target, proc.stdout[-3000:]
