@@ -192,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--game", default="pong", help="ALE game name (e.g. pong, breakout)")
     parser.add_argument("--actors", type=int, default=1, help="actor processes")
     parser.add_argument("--name", default=None, help="run name: state goes to runs/<name> (default preset-game)")
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs"),
+                        help="folder holding the runs (default ./runs): metrics, logs, checkpoints per run name")
     parser.add_argument("--resume", action="store_true", help="continue the learner from runs/<name>'s checkpoint")
     parser.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: until Ctrl-C)")
     parser.add_argument("--until-return", type=float, default=None,
@@ -208,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     name = args.name or f"{args.preset}-{args.game}"
-    run_dir = Path("runs") / name
+    run_dir = args.runs_dir / name
     try:
         cfg = load_config(args.preset, [f"env.game={args.game}", f"run_dir={run_dir}", *args.overrides])
     except Exception as exc:

@@ -15,59 +15,57 @@ def _as_sets(tree: dict) -> list[str]:
     return [arg for override in flat_overrides(tree) for arg in ("--set", override)]
 
 
-# The Catch learning tests judge the actors' return; the evaluator has its own test (and runs in the Pong
-# smokes), so it stays off there rather than take a share of the two cores for minutes.
-NO_EVALUATOR = ("--set", "eval.enabled=false")
-
-
 def _launch(tmp_path, name, preset, game, duration, *extra, timeout):
-    run_dir = REPO / "runs" / name
+    run_dir = tmp_path / name
     overrides = [o for o in endpoint_overrides(run_dir) if not o.startswith("run_dir=")]
     argv = [sys.executable, "-m", "lbc.launch", "--preset", preset, "--game", game, "--name", name,
-            "--duration", str(duration), "--progress-every", "3", *extra]
+            "--runs-dir", str(tmp_path), "--duration", str(duration), "--progress-every", "3", *extra]
     for o in overrides:
         argv += ["--set", o]
-    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return proc, records, run_dir
 
 
-@pytest.mark.parametrize("variant", [
-    [],
-    ["--set", "replay.prioritised=true"],
-    ["--set", "learner.target_policy=behaviour_temperature"],
-], ids=["as-printed", "prioritised-replay", "behaviour-temperature"])
-def test_lbc_bm_learns_catch(tmp_path, variant):
-    """All four services learn Catch to near-optimal (the best policy scores +1 every episode)."""
-    proc, records, run_dir = _launch(tmp_path, "e2e-catch", "catch", "catch", 240, "--until-return", "0.9",
-                                     *variant, *NO_EVALUATOR, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    last = records[-1]
-    assert last["return_window"] >= 100 and last["mean_return_100"] >= 0.9, proc.stdout[-3000:]
-    assert last["version"] > 0 and last["bandit_episodes"] > 100
-    assert "mean return reached 0.9" in proc.stdout
-
-
-def test_evaluator_scores_catch(tmp_path):
-    """The evaluator beside the four services: its fixed-policy score on whole games reaches 0.9 on Catch,
-    every evaluation is logged with the version it played, and the progress line shows it."""
-    proc, records, run_dir = _launch(tmp_path, "e2e-catch-eval", "catch", "catch", 240, "--until-eval", "0.9",
+def _learns_catch(tmp_path, name: str, preset: str, target: float, *extra: str):
+    """Run a preset on Catch until its evaluator (fixed policy, 32 whole games) scores `target`; check the
+    run stopped for that reason and its evaluations are logged. Returns the metrics records and evaluations.
+    The evaluation is the judge, not the actors' return: exploring behaviours (random arms, high
+    temperatures, NGU's explorative members) keep that return below what the learned policy scores."""
+    proc, records, run_dir = _launch(tmp_path, name, preset, "catch", 240, "--until-eval", str(target), *extra,
                                      timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "evaluation score reached 0.9" in proc.stdout, proc.stdout[-3000:]
+    assert f"evaluation score reached {target}" in proc.stdout, proc.stdout[-3000:]
     evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
-    assert evals[0]["mean"] < 0.5 <= 0.9 <= evals[-1]["mean"]       # from untrained play to near-optimal
-    assert evals[-1]["episodes"] == 32 and evals[-1]["policy"] == "greedy"
+    assert evals[-1]["mean"] >= target and evals[-1]["episodes"] == CATCH_SIZING["eval"]["episodes"]
+    assert records[-1]["eval_score"] >= target and records[-1]["version"] > 0
+    for log in (run_dir / "logs").glob("*.log"):
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    return records, evals
+
+
+def test_lbc_bm_learns_catch(tmp_path):
+    """All five services learn Catch to near-optimal (the best policy scores +1 every episode): the
+    evaluator's greedy score goes from untrained play to 0.9, every evaluation logged with the version it
+    played, in order, and the progress line shows it."""
+    records, evals = _learns_catch(tmp_path, "e2e-catch", "catch", 0.9)
+    assert evals[0]["mean"] < 0.5 and evals[-1]["policy"] == "greedy"
     assert [e["version"] for e in evals] == sorted(e["version"] for e in evals)
-    assert records[-1]["eval_score"] >= 0.9 and " eval " in proc.stdout
-    assert "Traceback" not in (run_dir / "logs" / "evaluator.log").read_text()
+    assert records[-1]["bandit_episodes"] > 100
+
+
+@pytest.mark.parametrize("variant", [
+    ["--set", "replay.prioritised=true"],
+    ["--set", "learner.target_policy=behaviour_temperature"],
+], ids=["prioritised-replay", "behaviour-temperature"])
+def test_lbc_bm_variants_learn_catch(tmp_path, variant):
+    _learns_catch(tmp_path, "e2e-catch", "catch", 0.9, *variant)
 
 
 def test_short_pong_run(tmp_path):
     """Real Pong with the cpu preset: frames flow, versions advance, the bandit gets returns,
     checkpoints and the metrics log are written, and every process stops cleanly."""
-    proc, records, run_dir = _launch(tmp_path, "e2e-pong", "cpu", "pong", 100,
+    proc, records, run_dir = _launch(tmp_path, "e2e-pong", "cpu", "pong", 100, "--until-frames", "100000",
                                      "--set", "learner.checkpoint_every=20", "--set", "learner.push_every=5",
                                      timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -85,41 +83,34 @@ def test_short_pong_run(tmp_path):
         assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
-# dice-fixed acts with softmax(A / 1) for good: advantages of Catch's +-1 returns never make it near-greedy
-# (measured: its mean return wanders between 0.64 and 0.84 after 4 minutes), so it has a lower bar.
+# dice-fixed acts with softmax(A / 1) for good, and is evaluated with it (docs/decisions.md 28): advantages of
+# Catch's +-1 returns never make it near-greedy (its return wanders between 0.64 and 0.84), hence its bar.
 @pytest.mark.parametrize("preset, target", [
     ("impala", 0.9), ("dice", 0.9), ("dice-fixed", 0.5), ("dice-random", 0.9), ("gdi-i3", 0.9), ("gdi-h3", 0.9),
     ("lbc-reduce-h", 0.9), ("lbc-reduce-h-psi", 0.9), ("lbc-random", 0.9)])
 def test_preset_learns_catch(tmp_path, preset, target):
     """Other systems of the papers, on the same harness: Catch to near-optimal (random play scores about
     -0.6). lbc-bm on these sizes is the `catch` preset, above."""
-    proc, records, _ = _launch(tmp_path, f"e2e-{preset}-catch", preset, "catch", 240, "--until-return", str(target),
-                               *_as_sets(CATCH_SIZING), *NO_EVALUATOR, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    last = records[-1]
-    assert last["return_window"] >= 100 and last["mean_return_100"] >= target, proc.stdout[-3000:]
-    assert last["version"] > 0
-    assert not PRESETS[preset].get("behaviour", {}).get("controlled", True) or last["bandit_episodes"] > 100
+    records, _ = _learns_catch(tmp_path, f"e2e-{preset}-catch", preset, target, *_as_sets(CATCH_SIZING))
+    assert not PRESETS[preset].get("behaviour", {}).get("controlled", True) or records[-1]["bandit_episodes"] > 100
 
 
-@pytest.mark.parametrize("preset, target", [("ngu", 0.9), ("agent57", 0.8)])
-def test_ngu_learns_catch(tmp_path, preset, target):
-    """NGU, and NGU with Agent57's meta-controller, on the same harness. Their measure is the return of
-    the exploitative member j = 0 (the others explore on purpose, and Catch pays nothing for it). NGU
-    plays j = 0 in its least random environment; Agent57's bandit plays it in environments of every
-    epsilon (up to 0.4), hence the lower bar."""
+@pytest.mark.parametrize("preset", ["ngu", "agent57"])
+def test_ngu_learns_catch(tmp_path, preset):
+    """NGU, and NGU with Agent57's meta-controller, on the same harness, evaluated as the papers do: the
+    exploitative member j = 0, greedy."""
     sizing = {**CATCH_SIZING, "ngu": {"num_mixtures": 8, "target_update_every": 100}}
-    proc, records, _ = _launch(tmp_path, f"e2e-{preset}-catch", preset, "catch", 240, "--until-return", str(target),
-                               *_as_sets(sizing), *NO_EVALUATOR, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    last = records[-1]
-    assert last["exploit_window"] >= 100 and last["exploit_return_100"] >= target, proc.stdout[-3000:]
-    assert last["version"] > 0
-    assert preset != "agent57" or last["bandit_episodes"] > 100
+    records, evals = _learns_catch(tmp_path, f"e2e-{preset}-catch", preset, 0.9, *_as_sets(sizing))
+    assert evals[-1]["policy"] == "greedy"
+    assert preset != "agent57" or records[-1]["bandit_episodes"] > 100
 
 
-# Every preset but `cpu` (test_short_pong_run) and `catch`; `paper` is `lbc-bm`.
-SMOKE_PRESETS = sorted({name for name, p in PRESETS.items() if name not in ("cpu", "catch", "paper")})
+# Every preset with code of its own on Atari. Not: `cpu` (test_short_pong_run), `catch`, `paper` (= `lbc-bm`),
+# and the presets that differ from one here only in sizes (impala-cpu: impala's batch, which SMOKE_SIZING
+# overrides), in whether the bandit learns (dice-random, lbc-random) or in repeating one policy
+# (lbc-reduce-h: cpu's three heads, all h_1); their Catch tests above run them end to end.
+SMOKE_COVERED_ELSEWHERE = {"cpu", "catch", "paper", "impala-cpu", "dice-random", "lbc-random", "lbc-reduce-h"}
+SMOKE_PRESETS = sorted(set(PRESETS) - SMOKE_COVERED_ELSEWHERE)
 SMOKE_SIZING = {"env": {"num_envs": 4, "max_episode_frames": 400},
                 "replay": {"min_sequences": 8, "capacity_sequences": 64},
                 "learner": {"batch_size": 4, "push_every": 1, "checkpoint_every": 1000},
