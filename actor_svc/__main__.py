@@ -28,6 +28,7 @@ from lbc.service import (
     Backoff,
     base_parser,
     config_from_args,
+    grpc_bind_address,
     grpc_server,
     listen_address,
     set_serving,
@@ -95,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     heads = torch.tensor(cfg.components)
     builder = SequenceBuilder(num_envs, cfg.sequence.burn_in, cfg.sequence.length, spec.obs_shape,
                               cfg.net.lstm, 2 * n, observation_extras(cfg))
-    server, health = grpc_server(f"[::]:{cfg.endpoints.actor_health_base + args.index}", workers=2)
+    health_address = grpc_bind_address(cfg.endpoints.bind_host, cfg.endpoints.actor_health_base + args.index)
+    server, health = grpc_server(health_address, workers=2)
     server.start()
-    start_metrics(cfg.endpoints.actor_metrics_base + args.index)
+    start_metrics(cfg.endpoints.actor_metrics_base + args.index, cfg.endpoints.bind_host)
     generator = torch.Generator().manual_seed(seed + 1)
 
     backoff = Backoff()
@@ -201,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def evaluate(cfg: Config, stop: threading.Event) -> int:
     """The evaluator as a service: health and metrics on its own endpoints around evaluator.run."""
-    server, health = grpc_server(listen_address(cfg.endpoints.eval_health), workers=2)
+    server, health = grpc_server(listen_address(cfg.endpoints.eval_health, cfg.endpoints.bind_host), workers=2)
     server.start()
-    start_metrics(cfg.endpoints.eval_metrics)
+    start_metrics(cfg.endpoints.eval_metrics, cfg.endpoints.bind_host)
     set_serving(health, ["lbc.v1.Evaluator"])
     try:
         return evaluator.run(cfg, stop)

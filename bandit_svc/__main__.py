@@ -90,11 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, KeyError) as exc:
         raise SystemExit(f"cannot restore bandit snapshot {snapshot}: {exc}") from None
 
-    server, health = grpc_server(listen_address(cfg.endpoints.bandit))
+    server, health = grpc_server(listen_address(cfg.endpoints.bandit, cfg.endpoints.bind_host))
     lbc_pb2_grpc.add_BanditServiceServicer_to_server(BanditServicer(state), server)
     server.start()
     set_serving(health, ["lbc.v1.BanditService"])
-    start_metrics(cfg.endpoints.bandit_metrics)
+    start_metrics(cfg.endpoints.bandit_metrics, cfg.endpoints.bind_host)
     log.info("bandit up on %s: %s over %s, %d behaviour components, population %d, top-D %d",
              cfg.endpoints.bandit, cfg.bandit.algorithm, ", ".join(state.dimension_names), cfg.num_components,
              cfg.bandit.population, cfg.bandit.top_d)

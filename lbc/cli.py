@@ -128,7 +128,7 @@ def autoscale(args: argparse.Namespace, stop: threading.Event | None = None) -> 
     namespace = args.namespace or kube.default_namespace()
     api = kube.apps_api(args.kubeconfig, args.context)
     if args.metrics_port:
-        start_metrics(args.metrics_port)
+        start_metrics(args.metrics_port, "0.0.0.0")   # scraped in the cluster
     scaler = Autoscaler(policy)
     log.info("autoscaling %s/%s between %d and %d replicas from %s every %.0f s",
              namespace, args.deployment, policy.min_replicas, policy.max_replicas, args.replay_metrics, args.interval)

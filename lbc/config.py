@@ -228,6 +228,26 @@ class Endpoints(_Section):
     eval_health: str = "127.0.0.1:50054"
     actor_metrics_base: int = 9110
     rpc_timeout_s: float = Field(5.0, gt=0.0)
+    bind_host: str = Field("127.0.0.1", description="address every service listens on: loopback for a local "
+                           "run; the Kubernetes ConfigMap sets 0.0.0.0 so probes and peers reach the pod")
+
+
+# Ports from one base (the launcher's --port-base): fixed services at base..base+9, actor i's health and
+# metrics at base+100+i and base+200+i, so up to 100 actors never collide with a service.
+PORT_BASE_SPAN = 300
+
+
+def endpoints_from_base(base: int) -> list[str]:
+    """--set overrides placing every endpoint on loopback relative to one base port."""
+    if not 1024 <= base <= 65535 - PORT_BASE_SPAN:
+        raise ValueError(f"port base {base} outside [1024, {65535 - PORT_BASE_SPAN}]")
+    host = "127.0.0.1"
+    return [f"endpoints.params={host}:{base}", f"endpoints.bandit={host}:{base + 1}",
+            f"endpoints.replay_ingest=tcp://{host}:{base + 2}", f"endpoints.replay_serve=tcp://{host}:{base + 3}",
+            f"endpoints.replay_health={host}:{base + 4}", f"endpoints.eval_health={host}:{base + 5}",
+            f"endpoints.learner_metrics={base + 6}", f"endpoints.replay_metrics={base + 7}",
+            f"endpoints.bandit_metrics={base + 8}", f"endpoints.eval_metrics={base + 9}",
+            f"endpoints.actor_health_base={base + 100}", f"endpoints.actor_metrics_base={base + 200}"]
 
 
 class Config(BaseSettings):

@@ -1,14 +1,17 @@
 """Local launcher (`make run`): every service as a supervised child process on 127.0.0.1.
 
-Prints a progress line every few seconds from the services' own /metrics, appends it to
-runs/<name>/metrics.jsonl and to TensorBoard event files in runs/<name>/tensorboard, restarts a
-service that dies (the learner from its last checkpoint),
-and stops everything on Ctrl-C or SIGTERM.
+Checks the game, the ports and the run folder before starting anything. Prints a progress line every
+few seconds from the services' own /metrics, appends it to runs/<name>/metrics.jsonl and to
+TensorBoard event files in runs/<name>/tensorboard, restarts a service that dies (the learner from its
+last checkpoint), and stops everything on Ctrl-C, SIGTERM, SIGHUP (a closed terminal) or its own
+failure; if the launcher itself is killed, the kernel stops the services (lbc.service.exit_with_launcher).
+Configuration: --preset (default $LBC_PRESET or cpu), then LBC_* environment variables, then --set.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -17,14 +20,17 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from lbc.bandit import Discretisation
-from lbc.config import PRESETS, Config, load_config
+from lbc.config import PORT_BASE_SPAN, PRESETS, Config, endpoints_from_base, load_config
+from lbc.preflight import PreflightError, check_game, check_ports, check_run_dir, local_ports
 from lbc.scores import human_normalised
+from lbc.service import LAUNCHER_PID_VAR
 from lbc.tensorboard import TensorBoardLog
 
 MAX_RESTARTS = 5          # within RESTART_WINDOW_S; more means something is wrong, not transient
@@ -43,7 +49,8 @@ class Child:
         argv = self.argv + (["--resume"] if resume and self.name == "learner" else [])
         log = self.log_path.open("ab")
         # Idle OpenMP threads sleep instead of spinning: the services share the machine's cores.
-        env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+        env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+               LAUNCHER_PID_VAR: str(os.getpid())}
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         log.close()
 
@@ -77,13 +84,37 @@ def value(samples: dict, name: str, **labels: str) -> float | None:
     return None
 
 
-class Progress:
-    """Turns scraped metrics into the progress line and the metrics log record."""
+class RunningTotal:
+    """A count summed over processes whose counters start again from zero when they restart (a drop is
+    a reset, as Prometheus's increase() reads one), on top of what earlier launches of the run counted.
+    A process that does not answer keeps its last value."""
 
-    def __init__(self, cfg: Config, actors: int) -> None:
+    def __init__(self, start: float = 0.0) -> None:
+        self.base = start
+        self.last: dict[int, float] = {}
+
+    def update(self, counts: list[float | None]) -> float:
+        for key, count in enumerate(counts):
+            if count is None:
+                continue
+            previous = self.last.get(key, 0.0)
+            if count < previous:
+                self.base += previous
+            self.last[key] = count
+        return self.base + sum(self.last.values())
+
+
+class Progress:
+    """Turns scraped metrics into the progress line and the metrics log record. Frames and episodes
+    go on across service restarts and from `resumed` (the run's last record before a --resume)."""
+
+    def __init__(self, cfg: Config, actors: int, resumed: dict | None = None) -> None:
         self.cfg = cfg
         self.actors = actors
         self.last: tuple[float, float, float] | None = None  # (time, frames, learner steps)
+        self.frames = RunningTotal((resumed or {}).get("frames") or 0.0)
+        self.episodes = RunningTotal((resumed or {}).get("episodes") or 0.0)
+        self.steps = (resumed or {}).get("learner_steps") or 0.0
         b = cfg.behaviour
         self.tau_dim = Discretisation(*b.tau_range, b.tau_accuracy)
         self.omega_dim = Discretisation(*b.omega_range, b.omega_accuracy)
@@ -94,11 +125,12 @@ class Progress:
         learner, replay, bandit = scrape(e.learner_metrics), scrape(e.replay_metrics), scrape(e.bandit_metrics)
         evaluator = scrape(e.eval_metrics) if self.cfg.eval.enabled else {}
         evaluated = bool(value(evaluator, "lbc_eval_evaluations_total"))
-        frames = sum(value(m, "lbc_actor_frames_total") or 0.0 for m in actor_metrics)
-        episodes = sum(value(m, "lbc_actor_episodes_total") or 0.0 for m in actor_metrics)
+        frames = self.frames.update([value(m, "lbc_actor_frames_total") for m in actor_metrics])
+        episodes = self.episodes.update([value(m, "lbc_actor_episodes_total") for m in actor_metrics])
         mean_return, return_window = pooled(actor_metrics, "lbc_actor_return")
         exploit_return, exploit_window = pooled(actor_metrics, "lbc_actor_exploit_return")
-        steps = value(learner, "lbc_learner_steps_total") or 0.0
+        # the learner's counter starts at its restored step; while it does not answer, keep the last one
+        steps = self.steps = value(learner, "lbc_learner_steps_total") or self.steps
         now = time.monotonic()
         fps = sps = None
         if self.last is not None:
@@ -167,9 +199,9 @@ class Progress:
                 f"bandit {top}")
 
 
-def build_children(args: argparse.Namespace, run_dir: Path, cfg: Config) -> list[Child]:
-    common = ["--preset", args.preset, "--set", f"run_dir={run_dir}", "--set", f"env.game={args.game}"]
-    for item in args.overrides:
+def build_children(args: argparse.Namespace, overrides: list[str], run_dir: Path, cfg: Config) -> list[Child]:
+    common = ["--preset", args.preset] if args.preset else []    # else the services read $LBC_PRESET too
+    for item in [f"run_dir={run_dir}", *overrides]:
         common += ["--set", item]
     logs = run_dir / "logs"
     py = sys.executable
@@ -185,17 +217,53 @@ def build_children(args: argparse.Namespace, run_dir: Path, cfg: Config) -> list
     return children
 
 
-def main(argv: list[str] | None = None) -> int:
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def _port_base(text: str) -> int:
+    value = int(text)
+    if not 1024 <= value <= 65535 - PORT_BASE_SPAN:
+        raise argparse.ArgumentTypeError(f"must lie in [1024, {65535 - PORT_BASE_SPAN}], got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m lbc.launch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
-    parser.add_argument("--game", default="pong", help="ALE game name (e.g. pong, breakout)")
-    parser.add_argument("--actors", type=int, default=1, help="actor processes")
+    parser.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                        help="the system to run (default: $LBC_PRESET, else cpu)")
+    parser.add_argument("--game", default=None,
+                        help="ALE game name, e.g. pong, breakout (default: $LBC_ENV__GAME, else pong; catch for "
+                             "--preset catch)")
+    parser.add_argument("--actors", type=_positive_int, default=1, help="actor processes (default 1)")
     parser.add_argument("--name", default=None, help="run name: state goes to runs/<name> (default preset-game)")
     parser.add_argument("--runs-dir", type=Path, default=Path("runs"),
                         help="folder holding the runs (default ./runs): metrics, logs, checkpoints per run name")
     parser.add_argument("--resume", action="store_true", help="continue the learner from runs/<name>'s checkpoint")
-    parser.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: until Ctrl-C)")
+    parser.add_argument("--overwrite", action="store_true", help="delete an existing runs/<name> and start afresh")
+    parser.add_argument("--port-base", type=_port_base, default=None, metavar="P",
+                        help="every endpoint on 127.0.0.1 from port P (services P..P+9, actors P+100+i and "
+                             "P+200+i), so runs side by side need one flag (default: the configured endpoints)")
+    parser.add_argument("--duration", type=_non_negative, default=0.0,
+                        help="stop after this many seconds (default 0: until Ctrl-C)")
     parser.add_argument("--until-return", type=float, default=None,
                         help="stop once the mean return of the last 100 episodes reaches this")
     parser.add_argument("--until-eval", type=float, default=None,
@@ -204,21 +272,34 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop once the actors played this many emulator frames (a learning curve's budget)")
     parser.add_argument("--until-learner-steps", type=int, default=None,
                         help="stop once the learner made this many steps (and, with a bandit, a return came back)")
-    parser.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
+    parser.add_argument("--progress-every", type=_positive, default=5.0,
+                        help="seconds between progress lines (default 5)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="configuration override passed to every service (repeatable)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    name = args.name or f"{args.preset}-{args.game}"
-    run_dir = args.runs_dir / name
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
-        cfg = load_config(args.preset, [f"env.game={args.game}", f"run_dir={run_dir}", *args.overrides])
-    except Exception as exc:
+        base = endpoints_from_base(args.port_base) if args.port_base is not None else []
+        overrides = [*base, *([f"env.game={args.game}"] if args.game else []), *args.overrides]
+        cfg = load_config(args.preset, overrides)
+        game = check_game(cfg, args.game)
+        name = args.name or f"{cfg.preset}-{game}"
+        run_dir = args.runs_dir / name
+        cfg = load_config(args.preset, [*overrides, f"run_dir={run_dir}"])
+        check_ports(local_ports(cfg, args.actors))
+        check_run_dir(run_dir, args.resume, args.overwrite)
+    except PreflightError as exc:
+        print(f"lbc: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:   # pydantic's message names the field
         print(f"invalid configuration:\n{exc}", file=sys.stderr)
         return 2
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
-    children = build_children(args, run_dir, cfg)
+    children = build_children(args, overrides, run_dir, cfg)
 
     stopping = False
 
@@ -226,22 +307,43 @@ def main(argv: list[str] | None = None) -> int:
         nonlocal stopping
         stopping = True
 
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop)
 
-    print(f"lbc: run '{name}' ({args.preset}, {args.game}, {args.actors} actor(s)); logs in {run_dir}/logs, "
+    try:
+        return supervise(args, cfg, name, game, run_dir, children, lambda: stopping)
+    except BrokenPipeError:
+        # the terminal or pipe reading the progress went away: stop quietly, like a closed terminal
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    finally:
+        shutdown(children)
+        with contextlib.suppress(OSError):
+            print("lbc: stopped", flush=True)
+
+
+def supervise(args: argparse.Namespace, cfg: Config, name: str, game: str, run_dir: Path, children: list[Child],
+              stop_requested: Callable[[], bool]) -> int:
+    """Start the services, restart the ones that die, report progress until a stop condition; the caller
+    stops the services whatever happens here."""
+    print(f"lbc: run '{name}' ({cfg.preset}, {game}, {args.actors} actor(s)); logs in {run_dir}/logs, "
           f"metrics log {run_dir}/metrics.jsonl", flush=True)
     for child in children:
         child.start(resume=args.resume)
         print(f"lbc: started {child.name} (pid {child.proc.pid})", flush=True)
 
-    progress = Progress(cfg, args.actors)
+    resumed = last_record(run_dir / "metrics.jsonl") if args.resume else None
+    if resumed:
+        print(f"lbc: resuming at {resumed['frames']:,.0f} frames, learner step {resumed['learner_steps']:,.0f} "
+              f"(the learner continues from its newest checkpoint that loads)", flush=True)
+    progress = Progress(cfg, args.actors, resumed)
     tensorboard = TensorBoardLog(run_dir / "tensorboard")
     started = time.monotonic()
     next_report = started + args.progress_every
     exit_code = 0
     with (run_dir / "metrics.jsonl").open("a") as metrics_log:
-        while not stopping:
+        while not stop_requested():
             time.sleep(0.2)
             for child in children:
                 code = child.proc.poll()
@@ -249,13 +351,17 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 now = time.monotonic()
                 child.restarts = [t for t in child.restarts if now - t < RESTART_WINDOW_S] + [now]
+                cause = last_error(child.log_path)
                 if len(child.restarts) > MAX_RESTARTS:
-                    print(f"lbc: {child.name} keeps dying (exit {code}); see {child.log_path}. Stopping.",
+                    print(f"lbc: {child.name} keeps dying (exit {code}): {cause}\n  see {child.log_path}. Stopping.",
                           file=sys.stderr, flush=True)
-                    stopping, exit_code = True, 1
+                    exit_code = 1
                     break
-                print(f"lbc: {child.name} exited with {code}; restarting (see {child.log_path})", flush=True)
+                print(f"lbc: {child.name} exited with {code}: {cause}\n  restarting (see {child.log_path})",
+                      flush=True)
                 child.start(resume=True)
+            if exit_code:
+                break
             if time.monotonic() >= next_report:
                 next_report += args.progress_every
                 record = progress.record()
@@ -282,12 +388,34 @@ def main(argv: list[str] | None = None) -> int:
                     break
             if args.duration and time.monotonic() - started >= args.duration:
                 break
-
-    print("lbc: stopping services", flush=True)
     tensorboard.close()
-    shutdown(children)
-    print("lbc: stopped", flush=True)
+    print("lbc: stopping services", flush=True)
     return exit_code
+
+
+def last_record(metrics_log: Path) -> dict | None:
+    """The last complete record of a run's metrics log (None for a run that never reported)."""
+    try:
+        lines = metrics_log.read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:   # a line cut short by a crash
+            continue
+    return None
+
+
+def last_error(log_path: Path, tail_bytes: int = 8192) -> str:
+    """The last non-empty line of a service's log: for a crash, the exception that ended it."""
+    try:
+        with log_path.open("rb") as log:
+            log.seek(max(0, log_path.stat().st_size - tail_bytes))
+            lines = [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no log)"
+    return lines[-1] if lines else "(empty log)"
 
 
 def shutdown(children: list[Child], grace_s: float = 20.0) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
+import os
 import signal
+import sys
 import threading
 from concurrent import futures
 
@@ -51,22 +54,47 @@ def stop_event() -> threading.Event:
 
     signal.signal(signal.SIGTERM, _handler)
     signal.signal(signal.SIGINT, _handler)
+    exit_with_launcher()
     return event
 
 
-def start_metrics(port: int) -> None:
-    """Prometheus /metrics on all interfaces (process memory and CPU come with the default registry)."""
-    start_http_server(port, addr="0.0.0.0")
+# Set by lbc.launch in its children's environment; absent on Kubernetes, where the kubelet owns processes.
+LAUNCHER_PID_VAR = "LBC_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1
 
 
-def listen_address(endpoint: str) -> str:
-    """Listen on every interface at the endpoint's port (the endpoint is what peers dial)."""
-    return f"[::]:{endpoint.rsplit(':', 1)[1]}"
+def exit_with_launcher() -> None:
+    """Under the local launcher, have the kernel send this process SIGTERM when the launcher dies, however
+    it dies (SIGKILL, a closed terminal, a crash), so no service trains on unowned and holding its ports.
+    Linux's PR_SET_PDEATHSIG; elsewhere the launcher's own signal handling is all there is."""
+    launcher = os.environ.get(LAUNCHER_PID_VAR)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+        logging.getLogger("lbc").warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+    if os.getppid() != int(launcher):   # the launcher died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
-def zmq_bind_address(endpoint: str) -> str:
-    """Bind a ZeroMQ socket on every interface at the endpoint's port."""
-    return f"tcp://*:{endpoint.rsplit(':', 1)[1]}"
+def start_metrics(port: int, host: str) -> None:
+    """Prometheus /metrics on `host` (endpoints.bind_host; process memory and CPU come with the default
+    registry)."""
+    start_http_server(port, addr=host)
+
+
+def grpc_bind_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def listen_address(endpoint: str, host: str) -> str:
+    """Listen on `host` (endpoints.bind_host) at the endpoint's port (the endpoint is what peers dial)."""
+    return grpc_bind_address(host, int(endpoint.rsplit(":", 1)[1]))
+
+
+def zmq_bind_address(endpoint: str, host: str) -> str:
+    """Bind a ZeroMQ socket on `host` (endpoints.bind_host) at the endpoint's port."""
+    return f"tcp://{'*' if host in ('0.0.0.0', '::') else host}:{endpoint.rsplit(':', 1)[1]}"
 
 
 def grpc_server(address: str, workers: int = 8) -> tuple[grpc.Server, health.HealthServicer]:

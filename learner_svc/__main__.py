@@ -53,23 +53,24 @@ def main(argv: list[str] | None = None) -> int:
     counters = checkpoint.Counters()
     ckpt_dir = Path(cfg.run_dir) / "checkpoints"
     if args.resume:
-        found = checkpoint.latest(ckpt_dir)
-        if found is None:
-            log.warning("--resume given but no checkpoint in %s; starting fresh", ckpt_dir)
+        loaded = checkpoint.load_newest(ckpt_dir, trainer.agent, trainer.optimiser, trainer.checkpointed_modules(), log)
+        if loaded is None:
+            log.warning("--resume given but no checkpoint in %s loads; starting fresh", ckpt_dir)
         else:
-            counters = checkpoint.load(found, trainer.agent, trainer.optimiser, trainer.checkpointed_modules())
+            found, counters = loaded
             trainer.step = counters.step
+            STEPS.inc(counters.step)   # the counter says the learner's step, so curves go on from it
             counters.version = max(counters.version, checkpoint.published_version(ckpt_dir)) + 1
             log.info("resumed from %s at step %d; publishing as version %d", found, counters.step, counters.version)
 
     store = ParameterStore()
     store.set(counters.version, to_blob(trainer.agent))
     VERSION.set(counters.version)
-    server, health = grpc_server(listen_address(cfg.endpoints.params))
+    server, health = grpc_server(listen_address(cfg.endpoints.params, cfg.endpoints.bind_host))
     lbc_pb2_grpc.add_ParameterServiceServicer_to_server(ParameterServicer(store, shapes(trainer.agent)), server)
     server.start()
     set_serving(health, ["lbc.v1.ParameterService"])
-    start_metrics(cfg.endpoints.learner_metrics)
+    start_metrics(cfg.endpoints.learner_metrics, cfg.endpoints.bind_host)
     fetcher = BatchFetcher(cfg, stop)
     fetcher.start()
     log.info("learner up: params on %s, replay %s, %d policies, batch %d x %d (+%d burn-in), preset %s, device %s",

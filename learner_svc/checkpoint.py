@@ -3,6 +3,7 @@ with weights_only=True (no code runs on load)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,20 @@ def load(path: Path, trainer_model: torch.nn.Module, optimiser: torch.optim.Opti
     optimiser.load_state_dict(state["optimiser"])
     torch.set_rng_state(state["torch_rng"])
     return Counters(step=int(state["step"]), version=int(state["version"]), samples=int(state["samples"]))
+
+
+def load_newest(directory: Path, trainer_model: torch.nn.Module, optimiser: torch.optim.Optimizer,
+                extra: dict[str, torch.nn.Module] | None = None,
+                log: logging.Logger | None = None) -> tuple[Path, Counters] | None:
+    """Load the newest checkpoint that loads: one cut short or corrupted (a full disk, a killed copy) is
+    skipped with a warning naming it, and the previous one restores the run. None when none loads."""
+    for path in sorted(directory.glob("ckpt-*.pt"), reverse=True):
+        try:
+            return path, load(path, trainer_model, optimiser, extra)
+        except Exception as exc:   # torch raises several kinds for a damaged file; each means "not this one"
+            (log or logging.getLogger("learner")).warning("checkpoint %s does not load (%s: %s); trying the one "
+                                                          "before", path, type(exc).__name__, exc)
+    return None
 
 
 def record_version(directory: Path, version: int) -> None:

@@ -93,16 +93,16 @@ def main(argv: list[str] | None = None) -> int:
     ingest.setsockopt(zmq.RCVHWM, 16)
     ingest.setsockopt(zmq.MAXMSGSIZE, rc.max_message_bytes)
     ingest.setsockopt(zmq.LINGER, 0)
-    ingest.bind(zmq_bind_address(cfg.endpoints.replay_ingest))
+    ingest.bind(zmq_bind_address(cfg.endpoints.replay_ingest, cfg.endpoints.bind_host))
     serve = ctx.socket(zmq.ROUTER)
     serve.setsockopt(zmq.LINGER, 0)
     serve.setsockopt(zmq.MAXMSGSIZE, 1 << 16)
-    serve.bind(zmq_bind_address(cfg.endpoints.replay_serve))
+    serve.bind(zmq_bind_address(cfg.endpoints.replay_serve, cfg.endpoints.bind_host))
 
-    server, health = grpc_server(listen_address(cfg.endpoints.replay_health), workers=2)
+    server, health = grpc_server(listen_address(cfg.endpoints.replay_health, cfg.endpoints.bind_host), workers=2)
     server.start()
     set_serving(health, ["lbc.v1.Replay"])
-    start_metrics(cfg.endpoints.replay_metrics)
+    start_metrics(cfg.endpoints.replay_metrics, cfg.endpoints.bind_host)
     log.info("replay up: ingest %s, serve %s, capacity %d sequences / %.1f GB, ratio %.2f",
              cfg.endpoints.replay_ingest, cfg.endpoints.replay_serve, rc.capacity_sequences,
              rc.capacity_bytes / 1e9, rc.replay_ratio)

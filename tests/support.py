@@ -5,17 +5,16 @@ from __future__ import annotations
 import json
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
-from contextlib import closing
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lbc.launch import scrape, value
+from lbc.preflight import port_is_free
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,22 +25,6 @@ REPO = Path(__file__).resolve().parent.parent
 _PORT_RANGE = (20_000, 32_000)
 _given: set[int] = set()
 _rng = random.Random()
-
-
-def _bindable(family: socket.AddressFamily, host: str, port: int) -> bool:
-    with closing(socket.socket(family, socket.SOCK_STREAM)) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as gRPC and ZeroMQ bind
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def port_is_free(port: int) -> bool:
-    """Free on the IPv4 and IPv6 wildcards (the services listen on [::])."""
-    return _bindable(socket.AF_INET, "0.0.0.0", port) and (
-        not socket.has_ipv6 or _bindable(socket.AF_INET6, "::", port))
 
 
 def free_port() -> int:

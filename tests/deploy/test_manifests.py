@@ -119,6 +119,7 @@ def test_endpoints_ports_and_services_agree_with_the_configuration(overlay: str,
     for name, port in metrics.items():
         assert ports(container(by_component[name]))["metrics"] == port, name
     assert ports(container(by_component["actor"]))["grpc"] == cfg.endpoints.actor_health_base
+    assert cfg.endpoints.bind_host == "0.0.0.0"   # probes and peers dial the pod's address, not its loopback
     assert ports(container(by_component["evaluator"]))["grpc"] == int(cfg.endpoints.eval_health.rsplit(":", 1)[1])
 
 

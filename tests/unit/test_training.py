@@ -88,6 +88,27 @@ def test_checkpoint_round_trip(tmp_path):
     assert s1 == pytest.approx(s2, rel=1e-5)
 
 
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, caplog):
+    cfg = load_config("catch", ["learner.warmup_steps=0"])
+    trainer = Trainer(cfg)
+    batch = _batch(cfg, np.random.default_rng(0))
+    trainer.train_step(batch)
+    checkpoint.save(tmp_path, trainer.model, trainer.optimiser, checkpoint.Counters(step=1, version=1, samples=32))
+    good = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train_step(batch)
+    newest = checkpoint.save(tmp_path, trainer.model, trainer.optimiser, checkpoint.Counters(step=2, version=2))
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])   # cut short, as by a full disk
+    other = Trainer(cfg)
+    path, counters = checkpoint.load_newest(tmp_path, other.model, other.optimiser)
+    assert path.name == "ckpt-000000001.pt" and (counters.step, counters.version) == (1, 1)
+    for a, b in zip(good, other.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+    assert newest.name in caplog.text and "does not load" in caplog.text
+    newest.unlink()
+    (tmp_path / "ckpt-000000001.pt").write_bytes(b"not a checkpoint")
+    assert checkpoint.load_newest(tmp_path, other.model, other.optimiser) is None
+
+
 def test_impala_preset_uses_the_papers_rmsprop_and_fits_a_batch():
     cfg = load_config("impala", ["env.kind=catch", "net.torso=mlp", "net.hidden=32", "net.lstm=32"])
     trainer = Trainer(cfg)
