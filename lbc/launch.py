@@ -15,6 +15,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from lbc.tensorboard import TensorBoardLog
 
 MAX_RESTARTS = 5          # within RESTART_WINDOW_S; more means something is wrong, not transient
 RESTART_WINDOW_S = 120.0
+QUICK_FAILURE_S = 30.0    # a service that fails this soon after starting, twice alike, will not get better
 
 
 @dataclass
@@ -44,8 +46,11 @@ class Child:
     log_path: Path
     proc: subprocess.Popen | None = None
     restarts: list[float] = field(default_factory=list)
+    started_at: float = 0.0
+    last_cause: str | None = None   # how it ended last time, when that was right after a start
 
     def start(self, resume: bool = False) -> None:
+        self.started_at = time.monotonic()
         argv = self.argv + (["--resume"] if resume and self.name == "learner" else [])
         log = self.log_path.open("ab")
         # Idle OpenMP threads sleep instead of spinning: the services share the machine's cores.
@@ -185,22 +190,23 @@ class Progress:
 
     @staticmethod
     def line(r: dict) -> str:
+        """One line of at most ~120 columns; the bandit's choices, losses and episodes are in the metrics log."""
         def f(x: float | None, fmt: str) -> str:
             return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
-        top = " ".join(f"{k}{v}" for k, v in r["bandit_top"].items() if not k.startswith("omega")) or "-"
-        return (f"frames {f(r['frames'], ',.0f')} | {f(r['fps'], ',.0f')} f/s | episodes {f(r['episodes'], '.0f')} | "
-                f"return100 {f(r['mean_return_100'], '.2f')}"
-                + (f" (j=0: {f(r['exploit_return_100'], '.2f')})" if r.get("exploit_return_100") is not None else "")
-                + f" | HNS {f(r['hns'], '.3f')} | eval {f(r.get('eval_score'), '.2f')}"
-                + (f" (v{f(r['eval_version'], '.0f')})" if r.get("eval_version") is not None else "") + " | "
-                f"learner {f(r['learner_steps'], '.0f')} steps {f(r['learner_sps'], '.2f')}/s | "
-                f"version {f(r['version'], '.0f')} lag {f(r['lag'], '.1f')} | replay {f(r['replay_fill'], '.0%')} | "
-                f"bandit {top}")
+        frames = f(r["frames"], ",.0f") if (r["frames"] or 0) < 1e6 else f"{r['frames'] / 1e6:.2f}M"
+        fill = r.get("replay_fill")
+        return (f"frames {frames} {f(r['fps'], ',.0f')}/s | return100 {f(r['mean_return_100'], '.2f')}"
+                + (f" (j=0 {f(r['exploit_return_100'], '.2f')})" if r.get("exploit_return_100") is not None else "")
+                + f" HNS {f(r['hns'], '.3f')} | eval {f(r.get('eval_score'), '.2f')}"
+                + (f" v{f(r['eval_version'], '.0f')}" if r.get("eval_version") is not None else "")
+                + f" | learner {f(r['learner_steps'], '.0f')} steps {f(r['learner_sps'], '.2f')}/s"
+                f" v{f(r['version'], '.0f')} lag {f(r['lag'], '.1f')}"
+                + (f" | replay {fill:.0%}" if fill is not None and fill < 1.0 else ""))
 
 
 def build_children(args: argparse.Namespace, overrides: list[str], run_dir: Path, cfg: Config) -> list[Child]:
-    common = ["--preset", args.preset] if args.preset else []    # else the services read $LBC_PRESET too
+    common = ["--log-level", args.log_level] + (["--preset", args.preset] if args.preset else [])  # else $LBC_PRESET
     for item in [f"run_dir={run_dir}", *overrides]:
         common += ["--set", item]
     logs = run_dir / "logs"
@@ -272,6 +278,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="stop once the actors played this many emulator frames (a learning curve's budget)")
     parser.add_argument("--until-learner-steps", type=int, default=None,
                         help="stop once the learner made this many steps (and, with a bandit, a return came back)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="every service's log level, in runs/<name>/logs (default INFO)")
     parser.add_argument("--progress-every", type=_positive, default=5.0,
                         help="seconds between progress lines (default 5)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -352,11 +360,14 @@ def supervise(args: argparse.Namespace, cfg: Config, name: str, game: str, run_d
                 now = time.monotonic()
                 child.restarts = [t for t in child.restarts if now - t < RESTART_WINDOW_S] + [now]
                 cause = last_error(child.log_path)
-                if len(child.restarts) > MAX_RESTARTS:
-                    print(f"lbc: {child.name} keeps dying (exit {code}): {cause}\n  see {child.log_path}. Stopping.",
+                same_again = now - child.started_at < QUICK_FAILURE_S and child.last_cause == _untimed(cause)
+                if len(child.restarts) > MAX_RESTARTS or same_again:
+                    why = "failed the same way twice on starting" if same_again else "keeps dying"
+                    print(f"lbc: {child.name} {why} (exit {code}): {cause}\n  see {child.log_path}. Stopping.",
                           file=sys.stderr, flush=True)
                     exit_code = 1
                     break
+                child.last_cause = _untimed(cause) if now - child.started_at < QUICK_FAILURE_S else None
                 print(f"lbc: {child.name} exited with {code}: {cause}\n  restarting (see {child.log_path})",
                       flush=True)
                 child.start(resume=True)
@@ -405,6 +416,11 @@ def last_record(metrics_log: Path) -> dict | None:
         except json.JSONDecodeError:   # a line cut short by a crash
             continue
     return None
+
+
+def _untimed(line: str) -> str:
+    """A log line without its leading clock time, to compare one failure with the next."""
+    return re.sub(r"^\d\d:\d\d:\d\d ", "", line)
 
 
 def last_error(log_path: Path, tail_bytes: int = 8192) -> str:

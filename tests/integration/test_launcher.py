@@ -157,3 +157,19 @@ def test_a_closed_terminal_stops_every_service_and_the_run_resumes_where_it_was(
     frames, steps = [r["frames"] for r in records], [r["learner_steps"] for r in records]
     assert frames == sorted(frames) and steps == sorted(steps), (frames, steps)   # never back to 0
     assert len(records) > len(first) and records[-1]["learner_steps"] > saved_step
+
+
+def test_a_service_that_fails_alike_twice_on_starting_stops_the_run_with_its_error(tmp_path):
+    """The cause is in the terminal at once, and an identical failure is not retried five times."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA, so that learner.device=cuda fails")
+    sets = [arg for o in endpoint_overrides(tmp_path) if not o.startswith("run_dir=") for arg in ("--set", o)]
+    started = time.monotonic()
+    proc = subprocess.run(_argv(tmp_path, "--preset", "catch", "--set", "learner.device=cuda", *sets), cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "lbc: learner exited with 1: learner.device=cuda but no CUDA device is visible" in proc.stdout
+    assert "learner failed the same way twice on starting" in proc.stderr
+    assert time.monotonic() - started < 60 and "lbc: stopped" in proc.stdout

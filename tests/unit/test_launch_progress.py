@@ -2,7 +2,7 @@
 
 import json
 
-from lbc.launch import RunningTotal, last_record
+from lbc.launch import Progress, RunningTotal, last_record
 
 
 def test_running_total_reads_a_drop_as_a_restart_and_a_silence_as_no_change():
@@ -22,3 +22,16 @@ def test_last_record_skips_a_line_cut_short(tmp_path):
     log.write_text(json.dumps({"frames": 1.0}) + "\n" + json.dumps({"frames": 2.0}) + "\n" + '{"frames": 3')
     assert last_record(log) == {"frames": 2.0}
     assert last_record(tmp_path / "missing.jsonl") is None
+
+
+def test_progress_line_fits_120_columns_with_its_fields():
+    record = {"frames": 2_949_824.0, "fps": 5371.2, "mean_return_100": 9.27, "exploit_return_100": None,
+              "hns": 0.263, "eval_score": 10.88, "eval_version": 180.0, "learner_steps": 4614.0, "learner_sps": 8.35,
+              "version": 184.0, "lag": 5.3, "replay_fill": 1.0}
+    line = f"[{555:6.0f}s] {Progress.line(record)}"
+    assert len(line) <= 120, line
+    for field in ("frames 2.95M 5,371/s", "return100 9.27 HNS 0.263", "eval 10.88 v180", "learner 4614 steps 8.35/s",
+                  "v184 lag 5.3"):
+        assert field in line
+    assert "replay" not in line                      # shown only while replay fills
+    assert "replay 55%" in Progress.line({**record, "replay_fill": 0.55, "eval_score": None, "eval_version": None})
