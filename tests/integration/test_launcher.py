@@ -41,6 +41,17 @@ def test_runs_that_cannot_start_are_refused_before_starting(tmp_path, extra, say
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
+def test_the_launcher_reads_lbc_variables_like_the_services(tmp_path, monkeypatch):
+    monkeypatch.setenv("LBC_ENV__GAME", "breakoutt")
+    assert "unknown Atari game 'breakoutt': did you mean breakout?" in _refused(tmp_path)
+    monkeypatch.setenv("LBC_PRESET", "catch")    # Catch ignores the game: the name and header say catch
+    monkeypatch.setenv("LBC_ENV__GAME", "breakout")
+    run_dir = tmp_path / "runs" / "catch-catch"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    assert f"{run_dir} already holds a run" in _refused(tmp_path)
+
+
 def test_a_busy_port_is_named_by_its_setting(tmp_path):
     port = free_port()
     with socket.socket() as holder:
@@ -60,12 +71,13 @@ def test_an_existing_run_is_refused_unless_resumed_or_overwritten(tmp_path):
     assert (run_dir / "metrics.jsonl").read_text() == "{}\n"
 
 
-def _start(tmp_path, *extra: str, sets: list[str] | None = None) -> tuple[subprocess.Popen, dict[str, int]]:
+def _start(tmp_path, *extra: str, sets: list[str] | None = None,
+           stderr: int = subprocess.STDOUT) -> tuple[subprocess.Popen, dict[str, int]]:
     """A Catch run with every service started; returns the launcher and the services' pids by name."""
     if sets is None:
         sets = [arg for o in endpoint_overrides(tmp_path) if not o.startswith("run_dir=") for arg in ("--set", o)]
     launcher = subprocess.Popen(_argv(tmp_path, "--preset", "catch", "--duration", "120", *sets, *extra), cwd=REPO,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                stdout=subprocess.PIPE, stderr=stderr, text=True)
     pids: dict[str, int] = {}
     for line in launcher.stdout:
         if found := re.match(r"lbc: started (\S+) \(pid (\d+)\)", line):
@@ -173,3 +185,13 @@ def test_a_service_that_fails_alike_twice_on_starting_stops_the_run_with_its_err
     assert "lbc: learner exited with 1: learner.device=cuda but no CUDA device is visible" in proc.stdout
     assert "learner failed the same way twice on starting" in proc.stderr
     assert time.monotonic() - started < 60 and "lbc: stopped" in proc.stdout
+
+
+def test_a_reader_that_goes_away_stops_the_run(tmp_path):
+    """`python -m lbc.launch ... | head -1`: the next progress line finds the pipe closed; the launcher
+    stops every service instead of dying with a BrokenPipeError and leaving them."""
+    launcher, pids = _start(tmp_path, "--progress-every", "1", stderr=subprocess.PIPE)
+    launcher.stdout.close()
+    assert launcher.wait(timeout=60) == 1
+    assert "Traceback" not in launcher.stderr.read()
+    assert _wait_all_gone(pids, timeout=5.0) == []
