@@ -18,7 +18,17 @@ IMAGE       ?= localhost/lbc:0.1.0$(if $(filter gpu,$(VARIANT)),-gpu,)
 BASE        ?= localhost/debian-python:bookworm
 IMAGE_DIR   := build/image
 
-.PHONY: run curve test bench lint proto install clean image image-smoke base-image wheelhouse test-tools
+.PHONY: help run curve test bench lint proto install clean image image-smoke base-image wheelhouse test-tools
+
+help:
+	@echo "make run     train on this machine: PRESET=$(PRESET) GAME=$(GAME) ACTORS=$(ACTORS) NAME=$(NAME) ARGS='...'"
+	@echo "             (ARGS: launcher flags, e.g. --resume, --overwrite, --port-base 41000, --duration 1800;"
+	@echo "              all of them: .venv/bin/python -m lbc.launch --help)"
+	@echo "make curve   a learning run for FRAMES=$(FRAMES) emulator frames, then its plot and table (lbc report)"
+	@echo "make test    lint and the whole test suite (about 15 minutes on two cores)"
+	@echo "make bench   throughput of the whole system and of each stage"
+	@echo "make image   the container image (VARIANT=cpu|gpu); kubectl apply -k k8s/ deploys it"
+	@echo "make install the virtual environment (.venv) alone"
 
 install: $(STAMP) $(PROTO_OUT)
 

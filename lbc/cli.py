@@ -25,6 +25,15 @@ DECISIONS = Counter("lbc_autoscaler_decisions_total", "Autoscaler decisions", ["
 ERRORS = Counter("lbc_autoscaler_errors_total", "Failed reads or patches", ["what"])
 
 
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each default, unless the help already says it or there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _cluster_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--namespace", default=None, help="default: the pod's namespace in a cluster, else 'lbc'")
     parser.add_argument("--deployment", default="lbc-actor", help="the actor Deployment (default lbc-actor)")
@@ -36,17 +45,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lbc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    scale = sub.add_parser("scale", help="set the number of replicas of a component")
+    scale = sub.add_parser("scale", help="set the number of replicas of a component", formatter_class=_DefaultsHelp)
     scale.add_argument("component", choices=["actors"])
     scale.add_argument("replicas", type=int)
     _cluster_args(scale)
 
     auto = sub.add_parser("autoscale", help="size the actor replicas to keep the learner fed",
-                          description=ScalePolicy.__doc__ or "")
+                          description="Watches replay's /metrics and sets the actor Deployment's replicas to the "
+                                      "count at which the actors produce what the learner consumes at the replay "
+                                      "ratio, with hysteresis (lbc/scaling.py)",
+                          formatter_class=_DefaultsHelp)
     _cluster_args(auto)
     auto.add_argument("--replay-metrics", default="http://lbc-replay:9102/metrics", help="replay_svc's /metrics URL")
-    auto.add_argument("--min", dest="min_replicas", type=int, default=1)
-    auto.add_argument("--max", dest="max_replicas", type=int, default=16)
+    auto.add_argument("--min", dest="min_replicas", type=int, default=1, help="fewest actor replicas")
+    auto.add_argument("--max", dest="max_replicas", type=int, default=16, help="most actor replicas")
     auto.add_argument("--replay-ratio", type=float, default=2.0, help="the run's replay.replay_ratio")
     auto.add_argument("--interval", type=float, default=30.0, help="seconds between observations")
     auto.add_argument("--patience", type=int, default=3, help="observations in a row before a change")
@@ -100,11 +112,18 @@ def health(args: argparse.Namespace) -> int:
     return 0 if status == "SERVING" else 1
 
 
+def _apps_api(args: argparse.Namespace, command: str) -> kube.client.AppsV1Api:
+    try:
+        return kube.apps_api(args.kubeconfig, args.context)
+    except kube.KubeConfigError as exc:
+        raise SystemExit(f"lbc {command}: {exc}") from None
+
+
 def scale(args: argparse.Namespace) -> int:
     if args.replicas < 0:
         raise SystemExit("replicas must be >= 0")
     namespace = args.namespace or kube.default_namespace()
-    api = kube.apps_api(args.kubeconfig, args.context)
+    api = _apps_api(args, "scale")
     try:
         before = kube.read_replicas(api, namespace, args.deployment)
         kube.set_replicas(api, namespace, args.deployment, args.replicas)
@@ -126,7 +145,7 @@ def autoscale(args: argparse.Namespace, stop: threading.Event | None = None) -> 
                          replay_ratio=args.replay_ratio, rel_band=args.band, patience=args.patience,
                          cooldown_s=args.cooldown)
     namespace = args.namespace or kube.default_namespace()
-    api = kube.apps_api(args.kubeconfig, args.context)
+    api = _apps_api(args, "autoscale")
     if args.metrics_port:
         start_metrics(args.metrics_port, "0.0.0.0")   # scraped in the cluster
     scaler = Autoscaler(policy)

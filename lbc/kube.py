@@ -18,8 +18,16 @@ def apps_api(kubeconfig: str | None = None, context: str | None = None) -> clien
         config.load_incluster_config()
         return client.AppsV1Api()
     api = client.ApiClient()
-    config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=api.configuration)
+    try:
+        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=api.configuration)
+    except (config.ConfigException, OSError) as exc:
+        raise KubeConfigError(f"no usable Kubernetes configuration ({exc}); give --kubeconfig/--context, set "
+                              f"KUBECONFIG, or run in a pod") from None
     return client.AppsV1Api(api)
+
+
+class KubeConfigError(RuntimeError):
+    """No cluster to talk to: a missing or broken kubeconfig, an unknown context."""
 
 
 def default_namespace() -> str:

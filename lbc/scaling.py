@@ -25,6 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 @dataclass(frozen=True)
 class ScalePolicy:
+    """Bounds and hysteresis of the actor autoscaler (see the module docstring for the rule)."""
+
     min_replicas: int = 1
     max_replicas: int = 16
     replay_ratio: float = 2.0

@@ -34,3 +34,17 @@ def test_deployment_replicas_get_distinct_seeds():
     assert actor_seed(0, 0, "lbc-actor-7d9f-abcde") != actor_seed(0, 0, "lbc-actor-7d9f-fghij")
     assert actor_seed(0, 0, "lbc-actor-7d9f-abcde") == actor_seed(0, 0, "lbc-actor-7d9f-abcde")
     assert actor_seed(5, 1, None) == 5 + 9973
+
+
+def test_scaling_without_a_cluster_says_so_in_one_line(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "missing")}
+    out = subprocess.run([sys.executable, "-m", "lbc.cli", "scale", "actors", "2"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("lbc scale: no usable Kubernetes configuration") and "--kubeconfig" in out.stderr
+
+
+def test_autoscale_help_describes_it_with_defaults():
+    out = subprocess.run([sys.executable, "-m", "lbc.cli", "autoscale", "--help"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and "ScalePolicy(" not in out.stdout and "(default: 16)" in out.stdout
