@@ -25,7 +25,7 @@ help:
 	@echo "             (ARGS: launcher flags, e.g. --resume, --overwrite, --port-base 41000, --duration 1800;"
 	@echo "              all of them: .venv/bin/python -m lbc.launch --help)"
 	@echo "make curve   a learning run for FRAMES=$(FRAMES) emulator frames, then its plot and table (lbc report)"
-	@echo "make test    lint and the whole test suite (about 15 minutes on two cores)"
+	@echo "make test    lint and the whole test suite (about 13 minutes on two cores)"
 	@echo "make bench   throughput of the whole system and of each stage"
 	@echo "make image   the container image (VARIANT=cpu|gpu); kubectl apply -k k8s/ deploys it"
 	@echo "make install the virtual environment (.venv) alone"
