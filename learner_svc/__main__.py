@@ -66,11 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     store = ParameterStore()
     store.set(counters.version, to_blob(trainer.agent))
     VERSION.set(counters.version)
+    # metrics first: whoever sees the new parameters can also read the version and step they come with
+    start_metrics(cfg.endpoints.learner_metrics, cfg.endpoints.bind_host)
     server, health = grpc_server(listen_address(cfg.endpoints.params, cfg.endpoints.bind_host))
     lbc_pb2_grpc.add_ParameterServiceServicer_to_server(ParameterServicer(store, shapes(trainer.agent)), server)
     server.start()
     set_serving(health, ["lbc.v1.ParameterService"])
-    start_metrics(cfg.endpoints.learner_metrics, cfg.endpoints.bind_host)
     fetcher = BatchFetcher(cfg, stop)
     fetcher.start()
     log.info("learner up: params on %s, replay %s, %d policies, batch %d x %d (+%d burn-in), preset %s, device %s",
