@@ -232,6 +232,11 @@ class Endpoints(_Section):
                            "run; the Kubernetes ConfigMap sets 0.0.0.0 so probes and peers reach the pod")
 
 
+def endpoint_port(endpoint: str) -> int:
+    """The port of an endpoint ("host:port" or "tcp://host:port")."""
+    return int(endpoint.rsplit(":", 1)[1])
+
+
 # Ports from one base (the launcher's --port-base): fixed services at base..base+9, actor i's health and
 # metrics at base+100+i and base+200+i, so up to 100 actors never collide with a service.
 PORT_BASE_SPAN = 300
@@ -240,7 +245,7 @@ PORT_BASE_SPAN = 300
 def endpoints_from_base(base: int) -> list[str]:
     """--set overrides placing every endpoint on loopback relative to one base port."""
     if not 1024 <= base <= 65535 - PORT_BASE_SPAN:
-        raise ValueError(f"port base {base} outside [1024, {65535 - PORT_BASE_SPAN}]")
+        raise ValueError(f"must lie in [1024, {65535 - PORT_BASE_SPAN}], got {base}")
     host = "127.0.0.1"
     return [f"endpoints.params={host}:{base}", f"endpoints.bandit={host}:{base + 1}",
             f"endpoints.replay_ingest=tcp://{host}:{base + 2}", f"endpoints.replay_serve=tcp://{host}:{base + 3}",

@@ -28,7 +28,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from lbc.bandit import Discretisation
-from lbc.config import PORT_BASE_SPAN, PRESETS, Config, endpoints_from_base, load_config
+from lbc.config import PRESETS, Config, endpoints_from_base, load_config
 from lbc.preflight import PreflightError, check_game, check_ports, check_run_dir, local_ports
 from lbc.scores import human_normalised
 from lbc.service import LAUNCHER_PID_VAR
@@ -117,9 +117,10 @@ class Progress:
         self.cfg = cfg
         self.actors = actors
         self.last: tuple[float, float, float] | None = None  # (time, frames, learner steps)
-        self.frames = RunningTotal((resumed or {}).get("frames") or 0.0)
-        self.episodes = RunningTotal((resumed or {}).get("episodes") or 0.0)
-        self.steps = (resumed or {}).get("learner_steps") or 0.0
+        resumed = resumed or {}
+        self.frames = RunningTotal(resumed.get("frames") or 0.0)
+        self.episodes = RunningTotal(resumed.get("episodes") or 0.0)
+        self.steps = resumed.get("learner_steps") or 0.0
         b = cfg.behaviour
         self.tau_dim = Discretisation(*b.tau_range, b.tau_accuracy)
         self.omega_dim = Discretisation(*b.omega_range, b.omega_accuracy)
@@ -246,8 +247,10 @@ def _positive(text: str) -> float:
 
 def _port_base(text: str) -> int:
     value = int(text)
-    if not 1024 <= value <= 65535 - PORT_BASE_SPAN:
-        raise argparse.ArgumentTypeError(f"must lie in [1024, {65535 - PORT_BASE_SPAN}], got {value}")
+    try:
+        endpoints_from_base(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return value
 
 
@@ -346,11 +349,12 @@ def supervise(args: argparse.Namespace, cfg: Config, name: str, game: str, run_d
         print(f"lbc: resuming at {resumed['frames']:,.0f} frames, learner step {resumed['learner_steps']:,.0f} "
               f"(the learner continues from its newest checkpoint that loads)", flush=True)
     progress = Progress(cfg, args.actors, resumed)
-    tensorboard = TensorBoardLog(run_dir / "tensorboard")
     started = time.monotonic()
     next_report = started + args.progress_every
     exit_code = 0
-    with (run_dir / "metrics.jsonl").open("a") as metrics_log:
+    # closed however supervision ends (a broken pipe included), so the event files keep every record
+    with contextlib.closing(TensorBoardLog(run_dir / "tensorboard")) as tensorboard, \
+            (run_dir / "metrics.jsonl").open("a") as metrics_log:
         while not stop_requested():
             time.sleep(0.2)
             for child in children:
@@ -360,14 +364,15 @@ def supervise(args: argparse.Namespace, cfg: Config, name: str, game: str, run_d
                 now = time.monotonic()
                 child.restarts = [t for t in child.restarts if now - t < RESTART_WINDOW_S] + [now]
                 cause = last_error(child.log_path)
-                same_again = now - child.started_at < QUICK_FAILURE_S and child.last_cause == _untimed(cause)
+                quick_cause = _untimed(cause) if now - child.started_at < QUICK_FAILURE_S else None
+                same_again = quick_cause is not None and child.last_cause == quick_cause
                 if len(child.restarts) > MAX_RESTARTS or same_again:
                     why = "failed the same way twice on starting" if same_again else "keeps dying"
                     print(f"lbc: {child.name} {why} (exit {code}): {cause}\n  see {child.log_path}. Stopping.",
                           file=sys.stderr, flush=True)
                     exit_code = 1
                     break
-                child.last_cause = _untimed(cause) if now - child.started_at < QUICK_FAILURE_S else None
+                child.last_cause = quick_cause
                 print(f"lbc: {child.name} exited with {code}: {cause}\n  restarting (see {child.log_path})",
                       flush=True)
                 child.start(resume=True)
@@ -399,7 +404,6 @@ def supervise(args: argparse.Namespace, cfg: Config, name: str, game: str, run_d
                     break
             if args.duration and time.monotonic() - started >= args.duration:
                 break
-    tensorboard.close()
     print("lbc: stopping services", flush=True)
     return exit_code
 

@@ -8,7 +8,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from lbc.config import Config
+from lbc.config import Config, endpoint_port
 
 
 class PreflightError(Exception):
@@ -35,22 +35,18 @@ def check_game(cfg: Config, asked: str | None) -> str:
     return game
 
 
-def _port(endpoint: str) -> int:
-    return int(endpoint.rsplit(":", 1)[1])
-
-
 def local_ports(cfg: Config, actors: int) -> dict[str, int]:
     """Every port a local run listens on, by the setting that holds it."""
     e = cfg.endpoints
-    ports = {"endpoints.params": _port(e.params), "endpoints.bandit": _port(e.bandit),
-             "endpoints.replay_ingest": _port(e.replay_ingest), "endpoints.replay_serve": _port(e.replay_serve),
-             "endpoints.replay_health": _port(e.replay_health), "endpoints.learner_metrics": e.learner_metrics,
-             "endpoints.replay_metrics": e.replay_metrics, "endpoints.bandit_metrics": e.bandit_metrics}
+    ports = {f"endpoints.{name}": endpoint_port(getattr(e, name))
+             for name in ("params", "bandit", "replay_ingest", "replay_serve", "replay_health")}
+    ports |= {"endpoints.learner_metrics": e.learner_metrics, "endpoints.replay_metrics": e.replay_metrics,
+              "endpoints.bandit_metrics": e.bandit_metrics}
     for i in range(actors):
         ports[f"endpoints.actor_health_base (+{i}, actor-{i})"] = e.actor_health_base + i
         ports[f"endpoints.actor_metrics_base (+{i}, actor-{i})"] = e.actor_metrics_base + i
     if cfg.eval.enabled:
-        ports["endpoints.eval_health"] = _port(e.eval_health)
+        ports["endpoints.eval_health"] = endpoint_port(e.eval_health)
         ports["endpoints.eval_metrics"] = e.eval_metrics
     return ports
 

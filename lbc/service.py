@@ -15,7 +15,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from lbc.config import PRESETS, Config, load_config
+from lbc.config import PRESETS, Config, endpoint_port, load_config
 
 
 def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -89,12 +89,12 @@ def grpc_bind_address(host: str, port: int) -> str:
 
 def listen_address(endpoint: str, host: str) -> str:
     """Listen on `host` (endpoints.bind_host) at the endpoint's port (the endpoint is what peers dial)."""
-    return grpc_bind_address(host, int(endpoint.rsplit(":", 1)[1]))
+    return grpc_bind_address(host, endpoint_port(endpoint))
 
 
 def zmq_bind_address(endpoint: str, host: str) -> str:
     """Bind a ZeroMQ socket on `host` (endpoints.bind_host) at the endpoint's port."""
-    return f"tcp://{'*' if host in ('0.0.0.0', '::') else host}:{endpoint.rsplit(':', 1)[1]}"
+    return f"tcp://{'*' if host in ('0.0.0.0', '::') else host}:{endpoint_port(endpoint)}"
 
 
 def grpc_server(address: str, workers: int = 8) -> tuple[grpc.Server, health.HealthServicer]:

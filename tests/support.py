@@ -51,6 +51,11 @@ def endpoint_overrides(run_dir: Path) -> list[str]:
     ]
 
 
+def launcher_endpoint_args(run_dir: Path) -> list[str]:
+    """The launcher's --set flags for fresh ports (it names the run folder itself, from --runs-dir/--name)."""
+    return [arg for o in endpoint_overrides(run_dir) if not o.startswith("run_dir=") for arg in ("--set", o)]
+
+
 def flat_overrides(tree: dict, prefix: str = "") -> list[str]:
     """A nested settings dict as ["a.b=<json>", ...] overrides."""
     out = []

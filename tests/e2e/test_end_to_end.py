@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from lbc.config import CATCH_SIZING, PRESETS
-from tests.support import REPO, endpoint_overrides, flat_overrides
+from tests.support import REPO, flat_overrides, launcher_endpoint_args
 
 
 def _as_sets(tree: dict) -> list[str]:
@@ -17,11 +17,9 @@ def _as_sets(tree: dict) -> list[str]:
 
 def _launch(tmp_path, name, preset, game, duration, *extra, timeout):
     run_dir = tmp_path / name
-    overrides = [o for o in endpoint_overrides(run_dir) if not o.startswith("run_dir=")]
     argv = [sys.executable, "-m", "lbc.launch", "--preset", preset, "--game", game, "--name", name,
-            "--runs-dir", str(tmp_path), "--duration", str(duration), "--progress-every", "3", *extra]
-    for o in overrides:
-        argv += ["--set", o]
+            "--runs-dir", str(tmp_path), "--duration", str(duration), "--progress-every", "3", *extra,
+            *launcher_endpoint_args(run_dir)]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return proc, records, run_dir

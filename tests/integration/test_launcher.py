@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.support import REPO, endpoint_overrides, free_port
+from tests.support import REPO, free_port, launcher_endpoint_args
 
 
 def _argv(tmp_path, *extra: str) -> list[str]:
@@ -75,7 +75,7 @@ def _start(tmp_path, *extra: str, sets: list[str] | None = None,
            stderr: int = subprocess.STDOUT) -> tuple[subprocess.Popen, dict[str, int]]:
     """A Catch run with every service started; returns the launcher and the services' pids by name."""
     if sets is None:
-        sets = [arg for o in endpoint_overrides(tmp_path) if not o.startswith("run_dir=") for arg in ("--set", o)]
+        sets = launcher_endpoint_args(tmp_path)
     launcher = subprocess.Popen(_argv(tmp_path, "--preset", "catch", "--duration", "120", *sets, *extra), cwd=REPO,
                                 stdout=subprocess.PIPE, stderr=stderr, text=True)
     pids: dict[str, int] = {}
@@ -123,7 +123,7 @@ def _listeners(port: int) -> set[str]:
 def test_services_listen_on_loopback_and_die_with_a_killed_launcher(tmp_path):
     """A local run is reachable from this machine only. SIGKILL leaves the launcher no chance to clean up:
     the kernel's parent-death signal stops the services."""
-    sets = [arg for o in endpoint_overrides(tmp_path) if not o.startswith("run_dir=") for arg in ("--set", o)]
+    sets = launcher_endpoint_args(tmp_path)
     launcher, pids = _start(tmp_path, "--progress-every", "1", sets=sets)
     for line in launcher.stdout:   # the first progress line: every service is up and listening
         if line.startswith("["):
@@ -148,7 +148,7 @@ def _records(tmp_path) -> list[dict]:
 def test_a_closed_terminal_stops_every_service_and_the_run_resumes_where_it_was(tmp_path):
     """SIGHUP (the terminal went away) stops the run like Ctrl-C: services stopped, final checkpoint.
     --resume then goes on from there: frames and learner steps continue instead of restarting at 0."""
-    sets = [arg for o in endpoint_overrides(tmp_path) if not o.startswith("run_dir=") for arg in ("--set", o)]
+    sets = launcher_endpoint_args(tmp_path)
     saved_step = 0
     for resume in ([], ["--resume"]):
         launcher, pids = _start(tmp_path, "--progress-every", "1", *resume, sets=sets)
@@ -177,7 +177,7 @@ def test_a_service_that_fails_alike_twice_on_starting_stops_the_run_with_its_err
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA, so that learner.device=cuda fails")
-    sets = [arg for o in endpoint_overrides(tmp_path) if not o.startswith("run_dir=") for arg in ("--set", o)]
+    sets = launcher_endpoint_args(tmp_path)
     started = time.monotonic()
     proc = subprocess.run(_argv(tmp_path, "--preset", "catch", "--set", "learner.device=cuda", *sets), cwd=REPO,
                           capture_output=True, text=True, timeout=120)
