@@ -66,12 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     auto.add_argument("--band", type=float, default=0.15, help="relative dead band around the current count")
     auto.add_argument("--metrics-port", type=int, default=9120, help="the autoscaler's own /metrics")
     auto.add_argument("--iterations", type=int, default=0, help="stop after this many observations (0: never)")
-    auto.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    auto.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                      help="log level")
 
     check = sub.add_parser("health", help="ask a service's gRPC health check; exit 0 when SERVING")
     check.add_argument("address", help="host:port, e.g. 127.0.0.1:50051")
     check.add_argument("--service", default="", help="health name, e.g. lbc.v1.ParameterService (default: the server)")
-    check.add_argument("--wait", type=float, default=0.0, help="keep asking for up to this many seconds")
+    check.add_argument("--wait", type=float, default=0.0,
+                       help="keep asking for up to this many seconds (default 0: ask once)")
 
     rep = sub.add_parser("report", help="learning curves (PNG) and a markdown summary of run folders",
                          description="Plots training return and evaluation score against frames, one line per run, "
@@ -79,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "aggregates and the IQM with a bootstrap interval.")
     rep.add_argument("runs", nargs="+", help="run folders, e.g. runs/cpu-breakout")
     rep.add_argument("--out", default=None, help="folder for the files (default: the first run's parent, e.g. runs/)")
-    rep.add_argument("--name", default="report", help="file name stem: <out>/<name>.png and <name>.md")
+    rep.add_argument("--name", default="report", help="file name stem: <out>/<name>.png and <name>.md (default report)")
 
     play = sub.add_parser("play", help="watch a trained agent: play a checkpoint, print scores, write an mp4",
                           description="Loads a run's checkpoint (weights only), plays its evaluation policy on the "

@@ -8,6 +8,7 @@ key or a value of the wrong type stops the service with a message naming the fie
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -367,8 +368,16 @@ class _PresetSource(PydanticBaseSettingsSource):
     def __call__(self) -> dict[str, Any]:
         name = self.current_state.get("preset", "cpu")
         if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}")
+            raise ValueError(unknown_name("preset", name, sorted(PRESETS)))
         return dict(PRESETS[name])
+
+
+def unknown_name(kind: str, name: str, known: list[str]) -> str:
+    """One line for a name that is not among `known`, with the closest ones ("did you mean")."""
+    close = difflib.get_close_matches(name, known, n=3)
+    hint = f"did you mean {' or '.join(close)}?" if close else \
+        (f"known: {', '.join(known)}" if len(known) <= 20 else f"{len(known)} known, e.g. {', '.join(known[:3])}")
+    return f"unknown {kind} {name!r}: {hint}"
 
 
 _LBC_POLICIES = [

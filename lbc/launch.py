@@ -28,7 +28,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from lbc.bandit import Discretisation
-from lbc.config import PRESETS, Config, endpoints_from_base, load_config
+from lbc.config import PRESETS, Config, endpoints_from_base, load_config, unknown_name
 from lbc.preflight import PreflightError, check_game, check_ports, check_run_dir, local_ports
 from lbc.scores import human_normalised
 from lbc.service import LAUNCHER_PID_VAR
@@ -245,6 +245,12 @@ def _positive(text: str) -> float:
     return value
 
 
+def _preset(text: str) -> str:
+    if text not in PRESETS:
+        raise argparse.ArgumentTypeError(unknown_name("preset", text, sorted(PRESETS)))
+    return text
+
+
 def _port_base(text: str) -> int:
     value = int(text)
     try:
@@ -257,8 +263,8 @@ def _port_base(text: str) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m lbc.launch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default=None, choices=sorted(PRESETS),
-                        help="the system to run (default: $LBC_PRESET, else cpu)")
+    parser.add_argument("--preset", default=None, type=_preset, metavar="PRESET",
+                        help=f"the system to run: {', '.join(sorted(PRESETS))} (default: $LBC_PRESET, else cpu)")
     parser.add_argument("--game", default=None,
                         help="ALE game name, e.g. pong, breakout (default: $LBC_ENV__GAME, else pong; catch for "
                              "--preset catch)")

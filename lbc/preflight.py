@@ -3,12 +3,11 @@ change, instead of a service crash-looping with the cause in its log."""
 
 from __future__ import annotations
 
-import difflib
 import shutil
 import socket
 from pathlib import Path
 
-from lbc.config import Config, endpoint_port
+from lbc.config import Config, endpoint_port, unknown_name
 
 
 class PreflightError(Exception):
@@ -29,9 +28,7 @@ def check_game(cfg: Config, asked: str | None) -> str:
 
     roms = get_all_rom_ids()
     if game not in roms:
-        close = difflib.get_close_matches(game, roms, n=3)
-        hint = f"did you mean {' or '.join(close)}?" if close else f"ale-py has {len(roms)}, e.g. pong, breakout"
-        raise PreflightError(f"unknown Atari game '{game}': {hint}")
+        raise PreflightError(unknown_name("Atari game", game, sorted(roms)))
     return game
 
 

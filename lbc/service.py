@@ -27,7 +27,8 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
                         help=f"one of {', '.join(sorted(PRESETS))} (default: $LBC_PRESET or 'cpu')")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one setting, e.g. --set learner.batch_size=32 (repeatable)")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="default INFO")
     return parser
 
 

@@ -31,11 +31,12 @@ def _refused(tmp_path, *extra: str) -> str:
     (["--duration", "-5"], "argument --duration: must be 0 or more"),
     (["--port-base", "80"], "argument --port-base: must lie in [1024,"),
     (["--game", "pongg"], "unknown Atari game 'pongg': did you mean pong?"),
+    (["--preset", "cpuu"], "argument --preset: unknown preset 'cpuu': did you mean cpu?"),
     (["--preset", "cpu", "--game", "catch"], "catch is the built-in game of --preset catch"),
     (["--preset", "catch", "--game", "breakout"], "--game breakout needs an Atari preset"),
     (["--resume", "--name", "never-ran"], "never-ran holds no checkpoint to continue from"),
-], ids=["no-actors", "negative-duration", "low-port-base", "misspelt-game", "catch-on-atari", "atari-on-catch",
-        "resume-nothing"])
+], ids=["no-actors", "negative-duration", "low-port-base", "misspelt-game", "misspelt-preset", "catch-on-atari",
+        "atari-on-catch", "resume-nothing"])
 def test_runs_that_cannot_start_are_refused_before_starting(tmp_path, extra, says):
     assert says in _refused(tmp_path, *extra)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

@@ -32,8 +32,8 @@ def test_precedence_override_over_environment_over_preset(monkeypatch):
 def test_bad_input_is_named():
     with pytest.raises(Exception, match="learner.batchsize"):
         load_config("cpu", ["learner.batchsize=3"])
-    with pytest.raises(Exception, match="unknown preset"):
-        load_config("nope")
+    with pytest.raises(Exception, match="unknown preset 'ipmala': did you mean impala or impala-cpu?"):
+        load_config("ipmala")
     with pytest.raises(Exception, match="batch_size"):
         load_config("cpu", ["learner.batch_size=-1"])
     with pytest.raises(ValueError, match="key.path=value"):
