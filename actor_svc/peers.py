@@ -8,17 +8,18 @@ actor waits on send (backpressure). All retry with backoff and pick up when the 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass
 
 import grpc
+import numpy as np
 import torch
 import zmq
 from prometheus_client import Counter, Gauge
 
 from lbc import codec
+from lbc.behaviour import psi_problem
 from lbc.config import Config
 from lbc.params import load_blob
 from lbc.peers import BanditClient, ParameterClient
@@ -59,7 +60,13 @@ class ParamPuller:
             PULLS.labels("current").inc()
             return True
         version, blob = got
-        load_blob(self.model, blob)
+        try:
+            load_blob(self.model, blob)
+        except ValueError as exc:   # e.g. non-finite values: keep acting on the last good parameters
+            PULLS.labels("refused").inc()
+            self._retry_at, self._delay = now + self._delay, min(self._delay * 2, 10.0)
+            log.error("refused parameters of version %d (%s); acting on version %d", version, exc, self.version)
+            return self.version >= 0
         self.version = version
         VERSION.set(version)
         PULLS.labels("updated").inc()
@@ -74,19 +81,15 @@ class EpisodeBehaviour:
     mixture: int | None = None   # NGU's j chosen by Agent57's meta-controller; None: the environment's own
 
 
-def check_behaviour(tau: list[float], omega: list[float], components: int, mixture: int | None = None,
-                    num_mixtures: int = 0) -> str:
-    """Why a psi from the network cannot be used ('' if it can): K tau >= 0 and K weights >= 0 summing to 1,
-    and when the bandit chooses NGU's j (num_mixtures > 0), a j in [0, N)."""
+def check_behaviour(tau: list[float], omega: list[float], components: int, tau_max: float,
+                    mixture: int | None = None, num_mixtures: int = 0) -> str:
+    """Why a psi from the network cannot be used ('' if it can): K tau in [0, tau_max] and K weights in
+    [0, 1] summing to 1, and when the bandit chooses NGU's j (num_mixtures > 0), a j in [0, N)."""
     if num_mixtures and (mixture is None or not 0 <= mixture < num_mixtures):
         return f"mixture {mixture} outside [0, {num_mixtures})"
     if len(tau) != components or len(omega) != components:
         return f"{len(tau)} tau and {len(omega)} omega for {components} behaviour components"
-    if not all(math.isfinite(v) and v >= 0.0 for v in (*tau, *omega)):
-        return "tau and omega must be finite and non-negative"
-    if abs(sum(omega) - 1.0) > 1e-4:
-        return f"omega sums to {sum(omega):.6f}, not 1"
-    return ""
+    return psi_problem(np.array(tau, np.float64), np.array(omega, np.float64), tau_max)
 
 
 class BehaviourSource:
@@ -94,6 +97,7 @@ class BehaviourSource:
         self.actor_id = actor_id
         n = cfg.num_components
         self.num_components = n
+        self.tau_max = cfg.tau_max
         # Agent57: the bandit chooses j, so a reply without a valid one is refused
         self.num_mixtures = cfg.ngu.num_mixtures if cfg.bandit.algorithm == "sliding_window_ucb" else 0
         self.default = EpisodeBehaviour("", [cfg.behaviour.fixed_tau] * n, [1.0 / n] * n)
@@ -123,7 +127,8 @@ class BehaviourSource:
             return self.default
         self._delay = 0.5
         mixture = b.mixture if b.HasField("mixture") else None
-        problem = check_behaviour(list(b.tau), list(b.omega), self.num_components, mixture, self.num_mixtures)
+        problem = check_behaviour(list(b.tau), list(b.omega), self.num_components, self.tau_max, mixture,
+                                  self.num_mixtures)
         if problem:
             log.error("bandit answered an invalid psi (%s); default psi for this episode", problem)
             FALLBACKS.inc()

@@ -4,7 +4,6 @@ UCB), learns from the returns, and snapshots its state to disk."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import grpc
@@ -30,6 +29,8 @@ EPISODES = Counter("lbc_bandit_episodes_total", "Returns reported and learned fr
 RETURNS = Gauge("lbc_bandit_last_return", "Last episode return reported")
 REPORT_REJECTED = Counter("lbc_bandit_reports_rejected_total", "Reports for unknown episodes")
 ACTORS = Gauge("lbc_bandit_actors", "Actors with a bandit population")
+EVICTED = Gauge("lbc_bandit_actors_evicted", "Actors forgotten since the start, least recently seen first "
+                                             "(bandit.max_actors)")
 SNAPSHOTS = Counter("lbc_bandit_snapshots_total", "State snapshots written")
 
 
@@ -48,15 +49,18 @@ class BanditServicer(lbc_pb2_grpc.BanditServiceServicer):
             PSI.labels(f"tau_{i + 1}").set(tau)
             PSI.labels(f"omega_{i + 1}").set(omega)
         ACTORS.set(len(self.state.controllers))
+        EVICTED.set(self.state.evicted)
         if choice.mixture is not None:
             PSI.labels("mixture").set(choice.mixture)
         return lbc_pb2.Behavior(episode_id=episode_id, tau=choice.tau, omega=choice.omega, arms=choice.arms,
                                 mixture=choice.mixture)
 
     def ReportReturn(self, request: lbc_pb2.ReturnReport, context: grpc.ServicerContext) -> lbc_pb2.ReportReply:
-        if not math.isfinite(request.episode_return):
+        bound = self.state.cfg.env.max_abs_return
+        if not abs(request.episode_return) <= bound:   # False for NaN too
             REPORT_REJECTED.inc()
-            return lbc_pb2.ReportReply(accepted=False, reason="episode_return is not finite")
+            return lbc_pb2.ReportReply(accepted=False,
+                                       reason=f"episode_return not finite or beyond env.max_abs_return={bound:g}")
         try:
             self.state.report(request.actor_id, request.episode_id, request.episode_return)
         except UnknownEpisode:

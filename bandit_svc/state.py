@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import threading
 import zlib
 from collections import OrderedDict
@@ -16,7 +17,7 @@ from lbc.bva import BvaController
 from lbc.config import Config
 
 SNAPSHOT_FORMAT = 3   # 2: BVA controllers hold one ensemble per dimension; 3: the layout names NGU's N
-MAX_PENDING_PER_ACTOR = 4096
+MAX_PENDING_PER_ACTOR = 1024   # an actor has one episode in flight per environment
 
 
 class UnknownEpisode(KeyError):
@@ -30,7 +31,9 @@ class BanditState:
         self.tau_dim = Discretisation(*b.tau_range, b.tau_accuracy)
         self.omega_dim = Discretisation(*b.omega_range, b.omega_accuracy)
         self.lock = threading.Lock()
-        self.controllers: dict[str, BehaviourController | BvaController | MixtureController] = {}
+        # least recently seen first: beyond bandit.max_actors the first is forgotten
+        self.controllers: OrderedDict[str, BehaviourController | BvaController | MixtureController] = OrderedDict()
+        self.evicted = 0
         self.pending: dict[str, OrderedDict[str, tuple[int, ...]]] = {}
         self.next_episode: dict[str, int] = {}
         k = cfg.num_components
@@ -42,7 +45,13 @@ class BanditState:
             self.dimension_names = BehaviourController.dimension_names(k)
 
     def _controller(self, actor_id: str) -> BehaviourController | BvaController | MixtureController:
-        if actor_id not in self.controllers:
+        if actor_id in self.controllers:
+            self.controllers.move_to_end(actor_id)
+        else:
+            while len(self.controllers) >= self.cfg.bandit.max_actors:
+                gone, _ = self.controllers.popitem(last=False)
+                del self.pending[gone], self.next_episode[gone]
+                self.evicted += 1
             bc, b = self.cfg.bandit, self.cfg.behaviour
             seed = bc.seed * 1_000_003 + zlib.crc32(actor_id.encode())
             if bc.algorithm == "bva":
@@ -67,7 +76,8 @@ class BanditState:
             choice = self._controller(actor_id).select()
             n = self.next_episode[actor_id]
             self.next_episode[actor_id] = n + 1
-            episode_id = f"{actor_id}/{n}"
+            # unguessable, so that only the actor that was given an episode can report its return
+            episode_id = f"{actor_id}/{n}/{secrets.token_hex(8)}"
             pending = self.pending[actor_id]
             pending[episode_id] = choice.arms
             while len(pending) > MAX_PENDING_PER_ACTOR:

@@ -11,6 +11,7 @@ softmax(A_2/tau_2), i.e. tau = (1/tau_1, 1/tau_2) and omega = (eps, 1 - eps), on
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -58,3 +59,15 @@ def sample_actions(probs: torch.Tensor, generator: torch.Generator | None = None
     """Draw one action per row of probs [B, A]; return (actions [B], mu(a|s) [B])."""
     actions = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return actions, probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+
+
+def psi_problem(tau: np.ndarray, omega: np.ndarray, tau_max: float) -> str:
+    """Why psi values cannot be a behaviour ('' if they can): tau [..., K] finite in [0, tau_max] and
+    omega [..., K] in [0, 1] summing to 1. Checked on the bandit's answer and on every sequence."""
+    if not (np.all(np.isfinite(tau)) and np.all(np.isfinite(omega))):
+        return "tau and omega must be finite"
+    if np.any(tau < 0.0) or np.any(tau > tau_max):
+        return f"tau outside [0, {tau_max:g}]"
+    if np.any(omega < 0.0) or np.any(omega > 1.0) or np.any(np.abs(omega.sum(-1) - 1.0) > 1e-3):
+        return "omega must lie in [0, 1] and sum to 1"
+    return ""

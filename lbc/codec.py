@@ -8,6 +8,7 @@ reason; the receiving service counts it and goes on.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -17,10 +18,19 @@ from lbcproto import lbc_pb2
 
 SCHEMA_VERSION = 1
 ALLOWED_DTYPES = frozenset({"uint8", "int32", "int64", "float32", "bool"})
+MAX_DIMS = 8
+# The reasons a message is refused, a fixed set: metrics label by them, so a peer cannot grow the label set.
+REASONS = ("size", "header", "frames", "layout", "value", "request")
 
 
 class CodecError(ValueError):
-    """A message that cannot be accepted; str(error) says why."""
+    """A message that cannot be accepted; str(error) says why, `reason` (one of REASONS) says what kind."""
+
+    def __init__(self, message: str, reason: str = "frames") -> None:
+        if reason not in REASONS:
+            raise ValueError(f"unknown rejection reason {reason!r}")
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass
@@ -53,36 +63,41 @@ def _as_buffer(frame: object) -> memoryview:
 
 def decode(frames: Sequence[object], *, max_bytes: int, expected_kind: str | None = None) -> Message:
     if not frames:
-        raise CodecError("empty message")
+        raise CodecError("empty message", "header")
     total = sum(_as_buffer(f).nbytes for f in frames)
     if total > max_bytes:
-        raise CodecError(f"message of {total} bytes exceeds the limit of {max_bytes}")
+        raise CodecError(f"message of {total} bytes exceeds the limit of {max_bytes}", "size")
     header = lbc_pb2.FrameHeader()
     try:
         header.ParseFromString(bytes(_as_buffer(frames[0])))
     except Exception as exc:  # protobuf raises DecodeError, but be strict about anything
-        raise CodecError(f"header does not parse: {exc}") from None
+        raise CodecError(f"header does not parse: {exc}", "header") from None
     if header.schema_version != SCHEMA_VERSION:
-        raise CodecError(f"schema version {header.schema_version}, this service speaks {SCHEMA_VERSION}")
+        raise CodecError(f"schema version {header.schema_version}, this service speaks {SCHEMA_VERSION}", "header")
     if expected_kind is not None and header.kind != expected_kind:
-        raise CodecError(f"kind {header.kind!r}, expected {expected_kind!r}")
+        raise CodecError(f"kind {header.kind[:40]!r}, expected {expected_kind!r}", "header")
     if len(header.arrays) != len(frames) - 1:
         raise CodecError(f"header lists {len(header.arrays)} arrays but {len(frames) - 1} frames follow")
     arrays: dict[str, np.ndarray] = {}
     for spec, frame in zip(header.arrays, frames[1:], strict=True):
         if spec.dtype not in ALLOWED_DTYPES:
-            raise CodecError(f"array {spec.name!r}: dtype {spec.dtype!r} not allowed")
+            raise CodecError(f"array {spec.name[:40]!r}: dtype {spec.dtype[:20]!r} not allowed")
         if spec.name in arrays:
-            raise CodecError(f"array {spec.name!r} appears twice")
-        if any(d < 0 for d in spec.shape):
-            raise CodecError(f"array {spec.name!r}: negative dimension in {list(spec.shape)}")
+            raise CodecError(f"array {spec.name[:40]!r} appears twice")
+        if len(spec.shape) > MAX_DIMS or any(d < 0 for d in spec.shape):
+            raise CodecError(f"array {spec.name[:40]!r}: shape {list(spec.shape)[:MAX_DIMS + 1]} has a negative "
+                             f"dimension or more than {MAX_DIMS}")
         dtype = np.dtype(spec.dtype)
-        expected = int(np.prod(spec.shape, dtype=np.int64)) * dtype.itemsize
+        # exact integers: a product taken in int64 wraps (2**32 x 2**32 reads as 0 bytes)
+        expected = math.prod(int(d) for d in spec.shape) * dtype.itemsize
         buf = _as_buffer(frame)
         if buf.nbytes != expected:
-            raise CodecError(f"array {spec.name!r}: {buf.nbytes} bytes for shape {list(spec.shape)} "
+            raise CodecError(f"array {spec.name[:40]!r}: {buf.nbytes} bytes for shape {list(spec.shape)} "
                              f"{spec.dtype} (needs {expected})")
-        arrays[spec.name] = np.frombuffer(buf, dtype=dtype).reshape(tuple(spec.shape))
+        arr = np.frombuffer(buf, dtype=dtype).reshape(tuple(spec.shape))
+        if dtype == np.bool_ and arr.size and arr.view(np.uint8).max() > 1:
+            raise CodecError(f"array {spec.name[:40]!r}: bool bytes other than 0 and 1")
+        arrays[spec.name] = arr
     return Message(kind=header.kind, sender=header.sender, param_version=header.param_version,
                    arrays=arrays, meta=dict(header.meta))
 
@@ -95,10 +110,11 @@ def check_layout(arrays: Mapping[str, np.ndarray], layout: Layout, leading: tupl
     missing = set(layout) - set(arrays)
     extra = set(arrays) - set(layout)
     if missing or extra:
-        raise CodecError(f"arrays do not match the layout: missing {sorted(missing)}, unexpected {sorted(extra)}")
+        raise CodecError(f"arrays do not match the layout: missing {sorted(missing)}, "
+                         f"unexpected {sorted(name[:40] for name in extra)[:5]}", "layout")
     for name, (dtype, shape) in layout.items():
         arr = arrays[name]
         if arr.dtype.name != dtype:
-            raise CodecError(f"array {name!r}: dtype {arr.dtype.name}, expected {dtype}")
+            raise CodecError(f"array {name!r}: dtype {arr.dtype.name}, expected {dtype}", "layout")
         if arr.shape != leading + shape:
-            raise CodecError(f"array {name!r}: shape {arr.shape}, expected {leading + shape}")
+            raise CodecError(f"array {name!r}: shape {arr.shape}, expected {leading + shape}", "layout")

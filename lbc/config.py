@@ -40,6 +40,10 @@ class EnvConfig(_Section):
         False, description="learn as if a life loss ended the episode (IMPALA's Atari table): the learner sees a "
                            "terminal step and the core restarts, while the game, its return and the bandit's "
                            "episode go on to the real game over (no effect in games without lives, e.g. Catch)")
+    max_abs_reward: float = Field(1e6, gt=0.0, description="largest |reward| of one step an actor may send; "
+                                                          "replay and the learner refuse bigger ones")
+    max_abs_return: float = Field(1e9, gt=0.0, description="largest |episode return| the bandit accepts (Atari "
+                                                          "world records reach 9e7)")
     catch_rows: int = Field(10, ge=3)
     catch_columns: int = Field(5, ge=2)
 
@@ -92,6 +96,8 @@ class BanditConfig(_Section):
     replace_every: int = Field(50, ge=1)
     normalise_values: bool = True
     snapshot_every_s: float = Field(30.0, gt=0.0)
+    max_actors: int = Field(256, ge=1, description="actors the bandit keeps state for; beyond it the one seen "
+                                                   "least recently is forgotten (restarted pods get new names)")
     seed: int = 0
 
 
@@ -132,6 +138,8 @@ class LearnerConfig(_Section):
     rmsprop_momentum: float = Field(0.0, ge=0.0, lt=1.0)
     clip_norm: float = Field(50.0, gt=0.0)
     push_every: int = Field(25, ge=1)
+    accept_pushes: bool = Field(False, description="let gRPC clients push parameters into the learner's "
+                                                   "ParameterService (off: only the learner publishes)")
     checkpoint_every: int = Field(500, ge=1, description="learner steps between checkpoints")
     v_loss_scale: float = 1.0
     q_loss_scale: float = 5.0
@@ -293,6 +301,11 @@ class Config(BaseSettings):
     @property
     def num_components(self) -> int:
         return len(self.components)
+
+    @property
+    def tau_max(self) -> float:
+        """The largest first half of psi an actor can act with: the bandit's range or the fixed tau."""
+        return max(self.behaviour.tau_range[1], self.behaviour.fixed_tau) * (1 + 1e-6)
 
     @model_validator(mode="after")
     def _check(self) -> Config:

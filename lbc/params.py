@@ -24,7 +24,7 @@ def shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 def check_blob(blob: bytes, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """Parse a blob and check its tensors' names and shapes; raises ValueError saying what differs."""
+    """Parse a blob and check its tensors' names, shapes and finiteness; raises ValueError saying what is wrong."""
     try:
         state = st_load(blob)
     except Exception as exc:
@@ -35,6 +35,8 @@ def check_blob(blob: bytes, expected: dict[str, tuple[int, ...]]) -> dict[str, t
     for name, tensor in state.items():
         if tuple(tensor.shape) != expected[name]:
             raise ValueError(f"parameter {name}: shape {tuple(tensor.shape)}, model has {expected[name]}")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"parameter {name} has non-finite values")
     return state
 
 

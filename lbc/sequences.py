@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from lbc.behaviour import psi_problem
 from lbc.codec import CodecError, Layout, check_layout
 from lbc.config import Config
 from lbc.envs import env_spec
@@ -49,25 +50,51 @@ def batch_layout(cfg: Config) -> Layout:
             "weight": ("float32", ())}
 
 
-def validate_sequence(arrays: Mapping[str, np.ndarray], cfg: Config) -> None:
-    """Layout plus the values a learner would choke on. Raises CodecError with the reason."""
-    check_layout(arrays, sequence_layout(cfg))
+def validate_sequence(arrays: Mapping[str, np.ndarray], cfg: Config, leading: tuple[int, ...] = ()) -> None:
+    """The layout (after `leading` batch dimensions), then every value against what it can be. Raises
+    CodecError with the reason. Nothing a learner trains on may be merely finite: absurd rewards or
+    recurrent states poison the model as surely as NaN does.
+
+    - actions and previous actions in the action set; behaviour probabilities in (0, 1];
+    - rewards within env.max_abs_reward;
+    - psi: tau in [0, tau_max], omega in [0, 1] summing to 1 (lbc.behaviour.psi_problem);
+    - h0 in [-1, 1] (h = sigmoid(o) tanh(.)); |c0| at most one per step of an episode (|c_t| <=
+      |c_{t-1}| + 1), so at most env.max_episode_frames.
+    """
+    check_layout(arrays, sequence_layout(cfg), leading)
     num_actions = env_spec(cfg.env).num_actions
-    action = arrays["action"]
-    if action.min() < 0 or action.max() >= num_actions:
-        raise CodecError(f"action outside [0, {num_actions})")
+    for name in ("action", "prev_action"):
+        if arrays[name].min() < 0 or arrays[name].max() >= num_actions:
+            raise CodecError(f"{name} outside [0, {num_actions})", "value")
     prob = arrays["behaviour_prob"]
     if not np.all((prob > 0.0) & (prob <= 1.0 + 1e-5)):
-        raise CodecError("behaviour_prob outside (0, 1]")
-    for name in ("reward", "prev_reward", "psi", "h0", "c0"):
-        if not np.all(np.isfinite(arrays[name])):
-            raise CodecError(f"{name} has non-finite values")
+        raise CodecError("behaviour_prob outside (0, 1]", "value")
+    bound = cfg.env.max_abs_reward
+    for name in ("reward", "prev_reward"):
+        if not np.all(np.abs(arrays[name]) <= bound):   # False for NaN too
+            raise CodecError(f"{name} not finite or beyond env.max_abs_reward={bound:g}", "value")
+    k = cfg.num_components
+    problem = psi_problem(arrays["psi"][..., :k], arrays["psi"][..., k:], cfg.tau_max)
+    if problem:
+        raise CodecError(f"psi: {problem}", "value")
+    if not np.all(np.abs(arrays["h0"]) <= 1.0 + 1e-5):
+        raise CodecError("h0 outside [-1, 1], which no LSTM produces", "value")
+    if not np.all(np.abs(arrays["c0"]) <= cfg.env.max_episode_frames):
+        raise CodecError(f"c0 not finite or beyond {cfg.env.max_episode_frames} (one per step)", "value")
     if cfg.ngu.enabled:
         mixture, intrinsic = arrays["mixture"], arrays["prev_intrinsic"]
         if mixture.min() < 0 or mixture.max() >= cfg.ngu.num_mixtures:
-            raise CodecError(f"mixture outside [0, {cfg.ngu.num_mixtures})")
+            raise CodecError(f"mixture outside [0, {cfg.ngu.num_mixtures})", "value")
         if not np.all(np.isfinite(intrinsic) & (intrinsic >= 0.0)):
-            raise CodecError("prev_intrinsic must be finite and non-negative")
+            raise CodecError("prev_intrinsic must be finite and non-negative", "value")
+
+
+def validate_batch(arrays: Mapping[str, np.ndarray], cfg: Config, batch_size: int) -> None:
+    """A batch from replay: every sequence as validate_sequence, and finite, non-negative weights."""
+    check_layout(arrays, batch_layout(cfg), (batch_size,))
+    validate_sequence({name: arrays[name] for name in sequence_layout(cfg)}, cfg, (batch_size,))
+    if not np.all(np.isfinite(arrays["weight"]) & (arrays["weight"] >= 0.0)):
+        raise CodecError("importance weights must be finite and non-negative", "value")
 
 
 def stack(sequences: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:

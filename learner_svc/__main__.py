@@ -37,6 +37,7 @@ GRAD_NORM = Gauge("lbc_learner_grad_norm", "Gradient norm before clipping")
 LR = Gauge("lbc_learner_learning_rate", "Current learning rate")
 LAG = Gauge("lbc_learner_policy_lag", "Learner version minus the batch's trajectory versions", ["stat"])
 CHECKPOINTS = Counter("lbc_learner_checkpoints_total", "Checkpoints written")
+SKIPPED = Counter("lbc_learner_skipped_steps_total", "Batches skipped because the loss or a gradient was not finite")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     # metrics first: whoever sees the new parameters can also read the version and step they come with
     start_metrics(cfg.endpoints.learner_metrics, cfg.endpoints.bind_host)
     server, health = grpc_server(listen_address(cfg.endpoints.params, cfg.endpoints.bind_host))
-    lbc_pb2_grpc.add_ParameterServiceServicer_to_server(ParameterServicer(store, shapes(trainer.agent)), server)
+    blob_bytes = len(store.get()[1])
+    servicer = ParameterServicer(store, shapes(trainer.agent), cfg.learner.accept_pushes,
+                                 max_push_bytes=2 * blob_bytes + (1 << 20))
+    lbc_pb2_grpc.add_ParameterServiceServicer_to_server(servicer, server)
     server.start()
     set_serving(health, ["lbc.v1.ParameterService"])
     fetcher = BatchFetcher(cfg, stop)
@@ -87,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         versions = batch.pop("param_version")
         keys = batch.pop("key")
         stats = trainer.train_step(batch)
+        if stats.skipped:
+            SKIPPED.inc()
+            log.warning("skipped a batch: loss %s, gradient norm %s (not finite); parameters unchanged",
+                        stats.loss, stats.grad_norm)
+            continue
         if cfg.replay.prioritised:
             fetcher.send_priorities(keys, stats.priorities)
         counters.step = trainer.step
@@ -102,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         for i, terms in enumerate(stats.per_policy):
             for term, value in terms.items():
                 LOSS.labels(str(i + 1), term).set(value)
+        due = trainer.step % cfg.learner.push_every == 0 or trainer.step % cfg.learner.checkpoint_every == 0
+        if due and not trainer.parameters_finite():
+            # finite losses and gradients cannot make this; if it happens anyway, serve and save nothing
+            log.error("parameters are not finite at step %d: nothing published or saved; restarting from the "
+                      "newest checkpoint", trainer.step)
+            return 1
         if trainer.step % cfg.learner.push_every == 0:
             counters.version += 1
             store.set(counters.version, to_blob(trainer.agent))
@@ -119,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             break
 
     set_serving(health, ["lbc.v1.ParameterService"], serving=False)
-    if trainer.step > 0:
+    if trainer.step > 0 and trainer.parameters_finite():
         checkpoint.save(ckpt_dir, trainer.agent, trainer.optimiser, counters, trainer.checkpointed_modules())
         log.info("final checkpoint at step %d", trainer.step)
     server.stop(grace=1.0).wait()

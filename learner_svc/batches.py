@@ -18,7 +18,7 @@ from prometheus_client import Counter, Histogram
 
 from lbc import codec
 from lbc.config import Config
-from lbc.sequences import batch_layout
+from lbc.sequences import validate_batch
 
 log = logging.getLogger("learner")
 
@@ -32,7 +32,6 @@ class BatchFetcher:
         self.cfg = cfg
         self.stop = stop
         self.timeout_ms = int(request_timeout_s * 1000)
-        self.layout = batch_layout(cfg)
         self.batch_size = cfg.learner.batch_size
         self.queue: queue.Queue[dict[str, np.ndarray]] = queue.Queue(maxsize=cfg.learner.prefetch)
         self.outgoing: queue.Queue[list[bytes | memoryview]] = queue.Queue(maxsize=64)
@@ -81,10 +80,10 @@ class BatchFetcher:
             try:
                 msg = codec.decode(frames, max_bytes=self.cfg.replay.max_message_bytes * self.batch_size,
                                    expected_kind="batch")
-                codec.check_layout(msg.arrays, self.layout, leading=(self.batch_size,))
+                validate_batch(msg.arrays, self.cfg, self.batch_size)
             except codec.CodecError as exc:
-                REJECTED.labels(type(exc).__name__).inc()
-                log.warning("rejected a batch from replay: %s", exc)
+                REJECTED.labels(exc.reason).inc()
+                log.warning("rejected a batch from replay (%s): %s", exc.reason, str(exc)[:200])
                 continue
             while not self.stop.is_set():
                 try:

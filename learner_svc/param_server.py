@@ -41,9 +41,12 @@ class ParameterStore:
 
 
 class ParameterServicer(lbc_pb2_grpc.ParameterServiceServicer):
-    def __init__(self, store: ParameterStore, expected_shapes: dict[str, tuple[int, ...]]) -> None:
+    def __init__(self, store: ParameterStore, expected_shapes: dict[str, tuple[int, ...]],
+                 accept_pushes: bool = False, max_push_bytes: int = 1 << 31) -> None:
         self.store = store
         self.expected_shapes = expected_shapes
+        self.accept_pushes = accept_pushes
+        self.max_push_bytes = max_push_bytes
 
     def Pull(self, request: lbc_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[lbc_pb2.ParamChunk]:
         version, blob = self.store.get()
@@ -57,8 +60,12 @@ class ParameterServicer(lbc_pb2_grpc.ParameterServiceServicer):
         yield from chunks(version, blob)
 
     def Push(self, request_iterator: Iterator[lbc_pb2.ParamChunk], context: grpc.ServicerContext) -> lbc_pb2.PushReply:
+        if not self.accept_pushes:   # refused before a byte of the stream is read
+            PUSHES.labels("refused").inc()
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          "this learner publishes its own parameters (learner.accept_pushes=false)")
         try:
-            got = assemble(request_iterator)
+            got = assemble(request_iterator, self.max_push_bytes)
         except ValueError as exc:
             PUSHES.labels("invalid").inc()
             return lbc_pb2.PushReply(accepted=False, version=self.store.get()[0], reason=str(exc))

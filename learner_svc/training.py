@@ -32,6 +32,7 @@ class StepStats:
     grad_norm: float
     learning_rate: float
     priorities: np.ndarray               # [B] eta max_t |TD| + (1 - eta) mean_t |TD|, max over policies (R2D2)
+    skipped: bool = False                # the loss or a gradient was not finite: no parameter changed
 
 
 PER_SEQUENCE = ("h0", "c0", "param_version", "key", "weight")   # [B, ...], not per time step
@@ -148,6 +149,15 @@ class Trainer:
         """Clip the gradient's global norm; returns the norm before clipping."""
         return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.learner.clip_norm))
 
+    def _gradients_finite(self) -> bool:
+        grads = [p.grad for group in self.optimiser.param_groups for p in group["params"] if p.grad is not None]
+        return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()) if grads else True
+
+    def parameters_finite(self) -> bool:
+        """Whether every published tensor (parameters and buffers) is finite: checked before a push or a
+        checkpoint, so a broken model is never served nor saved."""
+        return all(bool(torch.isfinite(t).all()) for t in self.agent.state_dict().values() if t.is_floating_point())
+
     def _split_backward(self, batch: dict[str, np.ndarray]) -> tuple[float, torch.Tensor, torch.Tensor]:
         """Loss and backward on `split_batch` parts of the batch at once, in threads (the parts' gradients,
         weighted by their share of the batch, accumulate into .grad). Returns (loss, terms, priorities)."""
@@ -182,6 +192,11 @@ class Trainer:
         self.optimiser.zero_grad(set_to_none=True)
         loss, terms, priorities = self._split_backward(batch)
         grad_norm = self._clip_gradients()
+        if not (np.isfinite(loss) and self._gradients_finite()):
+            # one batch must not destroy the model: skip it whole (and leave the optimiser's moments alone)
+            self.optimiser.zero_grad(set_to_none=True)
+            return StepStats(loss=loss, per_policy=[], grad_norm=grad_norm, learning_rate=lc.learning_rate * factor,
+                             priorities=np.zeros(0, np.float32), skipped=True)
         self.optimiser.step()
         self.step += 1
         per_policy = [dict(zip(self.TERMS, row, strict=True)) for row in terms.tolist()]

@@ -46,29 +46,38 @@ SAMPLE_BLOCKED_SECONDS = Counter("lbc_replay_sample_blocked_seconds_total",
 
 
 class RejectLog:
-    """Count every rejection; log each distinct reason once so a bad peer cannot flood the log."""
+    """Count every rejection under its reason (a fixed set, codec.REASONS); log at most one line per
+    reason a minute, with how many were refused since, so a bad peer can flood neither metrics nor log."""
+
+    EVERY_S = 60.0
 
     def __init__(self, log: logging.Logger) -> None:
         self.log = log
-        self.seen: set[str] = set()
+        self.last: dict[str, float] = {}
+        self.unlogged: dict[str, int] = {}
 
-    def __call__(self, source: str, exc: Exception) -> None:
-        reason = str(exc).split(":")[0][:60]
-        REJECTED.labels(reason).inc()
-        if reason not in self.seen:
-            self.seen.add(reason)
-            self.log.warning("rejected a message from %s: %s", source, exc)
+    def __call__(self, source: str, exc: codec.CodecError) -> None:
+        REJECTED.labels(exc.reason).inc()
+        now = time.monotonic()
+        if now - self.last.get(exc.reason, -self.EVERY_S) < self.EVERY_S:
+            self.unlogged[exc.reason] = self.unlogged.get(exc.reason, 0) + 1
+            return
+        self.last[exc.reason] = now
+        more = self.unlogged.pop(exc.reason, 0)
+        self.log.warning("rejected a message from %s (%s): %s%s", source, exc.reason, str(exc)[:200],
+                         f" (and {more} more of this kind since the last line)" if more else "")
 
 
 def check_priorities(arrays: dict[str, np.ndarray], capacity: int) -> tuple[np.ndarray, np.ndarray]:
     """A learner's priority update: int64 keys and finite, non-negative float32 priorities, same length."""
     keys, priorities = arrays.get("key"), arrays.get("priority")
     if keys is None or priorities is None or set(arrays) != {"key", "priority"}:
-        raise codec.CodecError(f"priorities message needs exactly 'key' and 'priority', got {sorted(arrays)}")
+        raise codec.CodecError(f"priorities message needs exactly 'key' and 'priority', got {sorted(arrays)[:4]}",
+                               "request")
     if keys.dtype != np.int64 or priorities.dtype != np.float32 or keys.ndim != 1 or keys.shape != priorities.shape:
-        raise codec.CodecError("priorities: key int64 [n] and priority float32 [n] expected")
+        raise codec.CodecError("priorities: key int64 [n] and priority float32 [n] expected", "request")
     if len(keys) > capacity or not np.all(np.isfinite(priorities)) or np.any(priorities < 0):
-        raise codec.CodecError("priorities: too many, or not finite and non-negative")
+        raise codec.CodecError("priorities: too many, or not finite and non-negative", "request")
     return keys, priorities
 
 
@@ -161,11 +170,15 @@ def main(argv: list[str] | None = None) -> int:
                         PRIORITY_UPDATES.inc(buffer.update_priorities(keys, priorities))
                         continue
                     if req.kind != "batch_request":
-                        raise codec.CodecError(f"kind {req.kind!r}, expected 'batch_request' or 'priorities'")
-                    size = int(req.meta.get("batch_size", "0"))
+                        raise codec.CodecError(f"kind {req.kind[:40]!r}, expected 'batch_request' or 'priorities'",
+                                               "request")
+                    try:
+                        size = int(req.meta.get("batch_size", "0")[:12])
+                    except ValueError:
+                        size = 0
                     if not 1 <= size <= rc.capacity_sequences:
-                        raise codec.CodecError(f"batch_size {size} out of range")
-                except (codec.CodecError, ValueError) as exc:
+                        raise codec.CodecError("batch_size missing or out of range", "request")
+                except codec.CodecError as exc:
                     reject("learner", exc)
                     continue
                 pending[identity] = size

@@ -2,6 +2,7 @@
 
 import grpc
 import pytest
+import torch
 
 from lbc.config import load_config
 from lbc.envs import env_spec
@@ -12,8 +13,8 @@ from tests.support import Service, endpoint_overrides, overrides_dict, wait_heal
 
 
 @pytest.fixture
-def learner(tmp_path):
-    overrides = endpoint_overrides(tmp_path / "run")
+def learner(tmp_path, request):
+    overrides = endpoint_overrides(tmp_path / "run") + list(getattr(request, "param", []))
     svc = Service("learner_svc", "catch", overrides, tmp_path).start()
     address = overrides_dict(overrides)["endpoints.params"]
     wait_healthy(address, "lbc.v1.ParameterService")
@@ -21,6 +22,21 @@ def learner(tmp_path):
     assert svc.stop() == 0, svc.log()
 
 
+PUSHES_ON = ["learner.accept_pushes=true"]
+
+
+def test_by_default_nobody_else_pushes_parameters(learner):
+    svc, address = learner
+    cfg = load_config("catch")
+    spec = env_spec(cfg.env)
+    client = ParameterClient(address, "test", 5.0)
+    with pytest.raises(grpc.RpcError) as err:
+        client.push(2**62, to_blob(build_net(cfg, spec.obs_shape, spec.num_actions)))
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert client.pull(-1)[0] == 0 and svc.alive()
+
+
+@pytest.mark.parametrize("learner", [PUSHES_ON], indirect=True)
 def test_pull_push_and_versions(learner):
     svc, address = learner
     cfg = load_config("catch")
@@ -46,6 +62,7 @@ def test_pull_push_and_versions(learner):
     client.close()
 
 
+@pytest.mark.parametrize("learner", [PUSHES_ON], indirect=True)
 def test_bad_pushes_are_refused_and_service_survives(learner):
     svc, address = learner
     client = ParameterClient(address, "test", 5.0)
@@ -55,7 +72,45 @@ def test_bad_pushes_are_refused_and_service_survives(learner):
     spec = env_spec(cfg.env)
     reply = client.push(9, to_blob(build_net(cfg, spec.obs_shape, spec.num_actions)))
     assert not reply.accepted and "shape" in reply.reason
+    net = build_net(load_config("catch"), spec.obs_shape, spec.num_actions)
+    with torch.no_grad():
+        next(net.parameters()).fill_(float("nan"))
+    reply = client.push(9, to_blob(net))
+    assert not reply.accepted and "non-finite" in reply.reason
     assert client.pull(-1)[0] == 0
     with pytest.raises(grpc.RpcError):
         ParameterClient("127.0.0.1:1", "test", 0.5).pull(-1)
     assert svc.alive()
+
+
+def test_an_actor_refuses_non_finite_parameters_and_keeps_its_last_good_ones():
+    """Over real gRPC: version 1 holds NaN; the actor's puller refuses it and goes on with version 0."""
+    from actor_svc.peers import ParamPuller
+    from lbc.params import shapes
+    from lbc.service import grpc_server
+    from lbcproto import lbc_pb2_grpc
+    from learner_svc.param_server import ParameterServicer, ParameterStore
+    from tests.support import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    cfg = load_config("catch", [f"endpoints.params={address}"])
+    spec = env_spec(cfg.env)
+    good = build_net(cfg, spec.obs_shape, spec.num_actions)
+    store = ParameterStore()
+    store.set(0, to_blob(good))
+    server, _ = grpc_server(address, workers=2)
+    lbc_pb2_grpc.add_ParameterServiceServicer_to_server(ParameterServicer(store, shapes(good)), server)
+    server.start()
+    try:
+        actor_net = build_net(cfg, spec.obs_shape, spec.num_actions)
+        puller = ParamPuller(cfg, "actor-test", actor_net)
+        assert puller.pull() and puller.version == 0
+        broken = build_net(cfg, spec.obs_shape, spec.num_actions)
+        with torch.no_grad():
+            next(broken.parameters()).fill_(float("nan"))
+        store.set(1, to_blob(broken))
+        assert puller.pull() and puller.version == 0
+        kept = zip(actor_net.state_dict().values(), good.state_dict().values(), strict=True)
+        assert all(torch.equal(a, b) for a, b in kept)
+    finally:
+        server.stop(0)

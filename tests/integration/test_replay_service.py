@@ -18,6 +18,8 @@ def _sequence(cfg, rng):
     for name, (dtype, shape) in sequence_layout(cfg).items():
         seq[name] = rng.integers(0, 2, shape).astype(dtype) if dtype != "float32" else rng.random(shape, np.float32)
     seq["behaviour_prob"] = np.full_like(seq["behaviour_prob"], 0.5)
+    k = cfg.num_components
+    seq["psi"][:, k:] = 1.0 / k
     return seq
 
 
@@ -58,6 +60,16 @@ def test_rejects_bad_messages_serves_batches_and_holds_ratio(start_replay):
     header.schema_version = 99
     push.send_multipart([header.SerializeToString(), *frames[1:]])                       # wrong version
     push.send_multipart(codec.encode("sequence", {**good, "obs": good["obs"][:-1]}))    # wrong shape
+    overflow = lbc_pb2.FrameHeader(schema_version=codec.SCHEMA_VERSION, kind="sequence")
+    overflow.arrays.add(name="obs", dtype="uint8", shape=[2**32, 2**32])                # 2**64 elements
+    for _ in range(7):                                  # seven of these used to stop the whole system
+        push.send_multipart([overflow.SerializeToString(), b""])
+    for name, value in [("h0", 3e38), ("prev_action", 99), ("reward", 1e20)]:          # finite but absurd
+        poisoned = _sequence(cfg, rng)
+        poisoned[name] = np.full_like(poisoned[name], value)
+        push.send_multipart(codec.encode("sequence", poisoned))
+    for i in range(50):                                 # distinct names must not grow the label set
+        push.send_multipart(codec.encode("sequence", {**good, f"evil_{i}": np.zeros(1, np.uint8)}))
     push.send_multipart(codec.encode("sequence", {"x": np.zeros(300_000, np.uint8)}))   # oversized
     for _ in range(100):
         push.send_multipart(codec.encode("sequence", _sequence(cfg, rng), param_version=7))
@@ -65,9 +77,12 @@ def test_rejects_bad_messages_serves_batches_and_holds_ratio(start_replay):
     assert svc.alive()
     rejected = sum(v for _, v in scrape(port).get("lbc_replay_rejected_total", []))
     # the oversized one is dropped by ZeroMQ's MAXMSGSIZE (the connection is reset) or by the codec
-    assert rejected >= 3
-    log = svc.log()
-    assert "schema version 99" in log and "shape" in log and "header does not parse" in log
+    assert rejected >= 2 + 7 + 3 + 50
+    reasons = {labels["reason"] for labels, _ in scrape(port)["lbc_replay_rejected_total"]}
+    assert reasons <= set(codec.REASONS) and {"header", "layout", "frames", "value"} <= reasons
+    log = svc.log()   # one line per reason a minute: the first of each kind
+    assert "header does not parse" in log and "shape" in log and "h0 outside" in log
+    assert log.count("rejected a message") <= len(codec.REASONS)
 
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)

@@ -183,3 +183,28 @@ def test_frozen_mixture_controller_draws_j_uniformly():
         ctl.update(choice.arms, 10.0 if choice.mixture == 0 else 0.0)
         picks.append(choice.mixture)
     np.testing.assert_allclose(np.bincount(picks) / 4000, 0.25, atol=0.03)
+
+
+def test_bandit_state_keeps_at_most_max_actors_forgetting_the_least_recently_seen(tmp_path):
+    """Issue 12: 10^5 actor ids grew the bandit to 1.64 GB. Its state is bounded; a snapshot keeps the
+    survivors and their order."""
+    from bandit_svc.state import BanditState, UnknownEpisode
+    from lbc.config import load_config
+
+    state = BanditState(load_config("cpu", ["bandit.max_actors=3"]))
+    first, _ = state.select("a")
+    for name in ("b", "c"):
+        state.select(name)
+    state.select("a")                  # a is now the most recent
+    state.select("d")                  # b, the least recently seen, goes
+    assert list(state.controllers) == ["c", "a", "d"] and state.evicted == 1
+    state.report("a", first, 1.0)
+    for i in range(100):
+        state.select(f"x{i}")
+    assert len(state.controllers) == len(state.pending) == len(state.next_episode) == 3
+    with pytest.raises(UnknownEpisode):
+        state.report("a", first, 1.0)
+    state.save(tmp_path / "s.json")
+    again = BanditState(load_config("cpu", ["bandit.max_actors=3"]))
+    again.restore(tmp_path / "s.json")
+    assert list(again.controllers) == ["x97", "x98", "x99"]

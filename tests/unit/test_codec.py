@@ -6,7 +6,7 @@ import pytest
 from actor_svc.peers import check_behaviour
 from lbc import codec
 from lbc.config import CATCH_SIZING, load_config
-from lbc.sequences import sequence_layout, validate_sequence
+from lbc.sequences import sequence_layout, validate_batch, validate_sequence
 from lbcproto import lbc_pb2
 
 
@@ -72,10 +72,93 @@ def test_object_arrays_cannot_be_smuggled():
         codec.decode([header.SerializeToString(), b"\x00" * 8], max_bytes=10_000)
 
 
+def test_a_shape_whose_size_overflows_int64_is_refused_not_reshaped():
+    # 2**32 x 2**32 elements: an int64 product wraps to 0, which an empty frame would match
+    header = lbc_pb2.FrameHeader(schema_version=codec.SCHEMA_VERSION, kind="sequence")
+    header.arrays.add(name="obs", dtype="uint8", shape=[2**32, 2**32])
+    with pytest.raises(codec.CodecError, match="bytes for shape") as err:
+        codec.decode([header.SerializeToString(), b""], max_bytes=10_000)
+    assert err.value.reason == "frames"
+
+
+def test_too_many_dimensions_and_bool_bytes_other_than_0_1_are_refused():
+    header = lbc_pb2.FrameHeader(schema_version=codec.SCHEMA_VERSION, kind="sequence")
+    header.arrays.add(name="x", dtype="uint8", shape=[1] * (codec.MAX_DIMS + 1))
+    with pytest.raises(codec.CodecError, match="more than"):
+        codec.decode([header.SerializeToString(), b"\x00"], max_bytes=10_000)
+    frames = codec.encode("sequence", {"done": np.array([True, False])})
+    with pytest.raises(codec.CodecError, match="bool bytes"):
+        codec.decode([frames[0], b"\x01\x07"], max_bytes=10_000)
+
+
+def test_rejection_reasons_form_a_fixed_set():
+    with pytest.raises(ValueError, match="unknown rejection reason"):
+        codec.CodecError("x", reason="anything a peer wrote")
+    names = [f"array_{i}" for i in range(50)]   # distinct names must not make distinct reasons
+    reasons = set()
+    for name in names:
+        try:
+            codec.check_layout({name: np.zeros(1, np.uint8)}, {"obs": ("uint8", (1,))})
+        except codec.CodecError as exc:
+            reasons.add(exc.reason)
+    assert reasons == {"layout"}
+
+
 def _valid_sequence(cfg):
     seq = {name: np.ones(shape, dtype=np.dtype(dtype)) for name, (dtype, shape) in sequence_layout(cfg).items()}
     seq["behaviour_prob"][:] = 0.5
+    k = cfg.num_components
+    seq["psi"][:, k:] = 1.0 / k
     return seq
+
+
+def _with(seq, name, value):
+    arr = seq[name].copy()
+    arr.flat[0] = value
+    return dict(seq, **{name: arr})
+
+
+@pytest.mark.parametrize("name, value, says", [
+    ("prev_action", 99, "prev_action outside"),
+    ("prev_action", -1, "prev_action outside"),
+    ("h0", 3e38, "h0 outside"),
+    ("c0", 3e38, "c0 not finite or beyond"),
+    ("c0", np.nan, "c0 not finite"),
+    ("reward", 1e20, "reward not finite or beyond env.max_abs_reward"),
+    ("prev_reward", -1e20, "prev_reward not finite"),
+    ("psi", 1e9, "tau outside"),
+    ("psi", -0.5, "tau outside"),
+])
+def test_finite_but_absurd_values_are_refused(name, value, says):
+    """Issue 12's poisoned sequences: each is finite, and each one would have broken the learner."""
+    cfg = load_config("cpu")
+    seq = _valid_sequence(cfg)
+    validate_sequence(seq, cfg)
+    with pytest.raises(codec.CodecError, match=says) as err:
+        validate_sequence(_with(seq, name, value), cfg)
+    assert err.value.reason == "value"
+
+
+def test_psi_weights_must_be_a_distribution():
+    cfg = load_config("cpu")
+    seq = _valid_sequence(cfg)
+    psi = seq["psi"].copy()
+    psi[3, cfg.num_components:] = [0.9, 0.9, -0.8]
+    with pytest.raises(codec.CodecError, match="omega"):
+        validate_sequence(dict(seq, psi=psi), cfg)
+
+
+def test_a_batch_is_validated_like_its_sequences():
+    cfg = load_config("catch")
+    seq = _valid_sequence(cfg)
+    batch = {name: np.stack([seq[name]] * 2) for name in seq}
+    batch |= {"param_version": np.zeros(2, np.int64), "key": np.arange(2), "weight": np.ones(2, np.float32)}
+    validate_batch(batch, cfg, 2)
+    bad = dict(batch, h0=np.full_like(batch["h0"], 5.0))
+    with pytest.raises(codec.CodecError, match="h0"):
+        validate_batch(bad, cfg, 2)
+    with pytest.raises(codec.CodecError, match="weights"):
+        validate_batch(dict(batch, weight=np.array([1.0, np.inf], np.float32)), cfg, 2)
 
 
 def test_sequence_validation():
@@ -92,7 +175,7 @@ def test_sequence_validation():
     with pytest.raises(codec.CodecError, match="shape"):
         validate_sequence(bad, cfg)
     bad = dict(seq, reward=np.full_like(seq["reward"], np.nan))
-    with pytest.raises(codec.CodecError, match="non-finite"):
+    with pytest.raises(codec.CodecError, match="not finite"):
         validate_sequence(bad, cfg)
     extra = dict(seq, evil=np.zeros(1, np.uint8))
     with pytest.raises(codec.CodecError, match="unexpected"):
@@ -112,10 +195,12 @@ def test_ngu_sequences_carry_a_valid_mixture_and_intrinsic_reward():
 
 
 def test_a_bandit_reply_is_checked_before_an_actor_uses_it():
-    assert check_behaviour([1.0, 2.0], [0.5, 0.5], 2) == ""
-    assert "omega sums" in check_behaviour([1.0, 2.0], [0.5, 0.6], 2)
-    assert "non-negative" in check_behaviour([-1.0, 2.0], [0.5, 0.5], 2)
-    assert "2 tau" in check_behaviour([1.0, 2.0], [1.0], 1)
-    assert check_behaviour([1.0], [1.0], 1, mixture=3, num_mixtures=4) == ""
-    assert "mixture" in check_behaviour([1.0], [1.0], 1, mixture=4, num_mixtures=4)
-    assert "mixture" in check_behaviour([1.0], [1.0], 1, mixture=None, num_mixtures=4)
+    assert check_behaviour([1.0, 2.0], [0.5, 0.5], 2, 50.0) == ""
+    assert "sum to 1" in check_behaviour([1.0, 2.0], [0.5, 0.6], 2, 50.0)
+    assert "tau outside" in check_behaviour([-1.0, 2.0], [0.5, 0.5], 2, 50.0)
+    assert "tau outside" in check_behaviour([51.0, 2.0], [0.5, 0.5], 2, 50.0)
+    assert "finite" in check_behaviour([float("nan"), 2.0], [0.5, 0.5], 2, 50.0)
+    assert "2 tau" in check_behaviour([1.0, 2.0], [1.0], 1, 50.0)
+    assert check_behaviour([1.0], [1.0], 1, 50.0, mixture=3, num_mixtures=4) == ""
+    assert "mixture" in check_behaviour([1.0], [1.0], 1, 50.0, mixture=4, num_mixtures=4)
+    assert "mixture" in check_behaviour([1.0], [1.0], 1, 50.0, mixture=None, num_mixtures=4)

@@ -5,6 +5,7 @@ import torch
 from lbc.config import CATCH_SIZING, load_config
 from lbc.sequences import sequence_layout
 from learner_svc import checkpoint
+from learner_svc.ngu_training import NguTrainer
 from learner_svc.training import Trainer, schedule_factor
 
 
@@ -166,3 +167,29 @@ def test_split_batch_gives_the_whole_batch_step(reduction):
 def test_split_batch_is_validated():
     with pytest.raises(ValueError, match="split_batch"):
         load_config("catch", ["learner.split_batch=64"])
+
+
+@pytest.mark.parametrize("preset", ["catch", "ngu"])
+def test_a_batch_with_a_non_finite_loss_is_skipped_and_changes_nothing(preset):
+    """Issue 12: one poisoned batch must not reach the parameters or the optimiser's moments."""
+    cfg = load_config(preset, {**CATCH_SIZING, "learner": {**CATCH_SIZING["learner"], "warmup_steps": 0}})
+    trainer = NguTrainer(cfg) if cfg.ngu.enabled else Trainer(cfg)
+    batch = _batch(cfg, np.random.default_rng(2))
+    trainer.train_step(batch)
+    before = {k: v.clone() for k, v in trainer.agent.state_dict().items()}
+    moments = {k: v.clone() for k, v in trainer.optimiser.state_dict()["state"][0].items()
+               if isinstance(v, torch.Tensor)}
+    poisoned = dict(batch, reward=batch["reward"].copy())
+    poisoned["reward"][0, 3] = np.inf
+    stats = trainer.train_step(poisoned)
+    assert stats.skipped and trainer.step == 1
+    for name, value in trainer.agent.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    for name, value in trainer.optimiser.state_dict()["state"][0].items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, moments[name]), name
+    assert trainer.parameters_finite()
+    assert not trainer.train_step(batch).skipped and trainer.step == 2
+    with torch.no_grad():
+        next(trainer.agent.parameters()).fill_(float("nan"))
+    assert not trainer.parameters_finite()
