@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     state = BanditState(cfg)
     snapshot = Path(cfg.run_dir) / "bandit" / "state.json"
     try:
-        if state.restore(snapshot):
+        if state.restore(snapshot, log):
             log.info("restored %d actor populations from %s", len(state.controllers), snapshot)
     except (ValueError, KeyError) as exc:
         raise SystemExit(f"cannot restore bandit snapshot {snapshot}: {exc}") from None

@@ -4,6 +4,7 @@ atomic JSON snapshots so a restart loses nothing."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import threading
@@ -15,6 +16,7 @@ from typing import Any
 from lbc.bandit import BehaviourController, Choice, Discretisation, MixtureController
 from lbc.bva import BvaController
 from lbc.config import Config
+from lbc.files import remove_stale_temporaries, write_atomically
 
 SNAPSHOT_FORMAT = 3   # 2: BVA controllers hold one ensemble per dimension; 3: the layout names NGU's N
 MAX_PENDING_PER_ACTOR = 1024   # an actor has one episode in flight per environment
@@ -130,13 +132,28 @@ class BanditState:
                 self.next_episode[aid] = int(a["next_episode"])
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_dict()))
-        os.replace(tmp, path)
+        """Write the snapshot atomically; the one before stays beside it as <name>.prev."""
+        data = json.dumps(self.to_dict()).encode()
+        if path.exists():
+            os.replace(path, previous(path))
+        write_atomically(path, lambda f: f.write(data))
 
-    def restore(self, path: Path) -> bool:
-        if not path.exists():
-            return False
-        self.load_dict(json.loads(path.read_text()))
-        return True
+    def restore(self, path: Path, log: logging.Logger | None = None) -> bool:
+        """Load the newest snapshot that reads whole: a damaged one is skipped (with a warning naming it)
+        for the one before. False when there is none; ValueError when none of them loads."""
+        remove_stale_temporaries(path.parent, log)
+        candidates = [p for p in (path, previous(path)) if p.exists()]
+        for candidate in candidates:
+            try:
+                self.load_dict(json.loads(candidate.read_text()))
+                return True
+            except json.JSONDecodeError as exc:   # cut short or corrupted; a layout mismatch is not skipped
+                (log or logging.getLogger("bandit")).warning("bandit snapshot %s does not read (%s); trying the "
+                                                             "one before", candidate, exc)
+        if candidates:
+            raise ValueError(f"no bandit snapshot in {path.parent} reads")
+        return False
+
+
+def previous(path: Path) -> Path:
+    return path.with_name(path.name + ".prev")

@@ -10,6 +10,7 @@ import torch
 from prometheus_client import Counter, Gauge
 
 from lbc.config import Config
+from lbc.files import remove_stale_temporaries
 from lbc.params import shapes, to_blob
 from lbc.service import (
     base_parser,
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = NguTrainer(cfg) if cfg.ngu.enabled else Trainer(cfg)
     counters = checkpoint.Counters()
     ckpt_dir = Path(cfg.run_dir) / "checkpoints"
+    remove_stale_temporaries(ckpt_dir, log)
     if args.resume:
         loaded = checkpoint.load_newest(ckpt_dir, trainer.agent, trainer.optimiser, trainer.checkpointed_modules(), log)
         if loaded is None:

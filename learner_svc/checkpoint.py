@@ -4,11 +4,12 @@ with weights_only=True (no code runs on load)."""
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from lbc.files import write_atomically
 
 KEEP = 3
 
@@ -23,14 +24,12 @@ class Counters:
 def save(directory: Path, trainer_model: torch.nn.Module, optimiser: torch.optim.Optimizer,
          counters: Counters, extra: dict[str, torch.nn.Module] | None = None) -> Path:
     """Write a checkpoint; `extra` names further modules whose state matters (NGU's target network)."""
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"ckpt-{counters.step:09d}.pt"
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": trainer_model.state_dict(), "optimiser": optimiser.state_dict(),
-                "step": counters.step, "version": counters.version, "samples": counters.samples,
-                "torch_rng": torch.get_rng_state(),
-                "extra": {name: module.state_dict() for name, module in (extra or {}).items()}}, tmp)
-    os.replace(tmp, path)
+    state = {"model": trainer_model.state_dict(), "optimiser": optimiser.state_dict(),
+             "step": counters.step, "version": counters.version, "samples": counters.samples,
+             "torch_rng": torch.get_rng_state(),
+             "extra": {name: module.state_dict() for name, module in (extra or {}).items()}}
+    write_atomically(path, lambda f: torch.save(state, f))
     for old in sorted(directory.glob("ckpt-*.pt"))[:-KEEP]:
         old.unlink()
     return path
@@ -73,10 +72,7 @@ def load_newest(directory: Path, trainer_model: torch.nn.Module, optimiser: torc
 def record_version(directory: Path, version: int) -> None:
     """Remember the last published version, so a learner that died between checkpoints resumes
     above it and versions never repeat."""
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / "published_version.tmp"
-    tmp.write_text(str(version))
-    os.replace(tmp, directory / "published_version")
+    write_atomically(directory / "published_version", lambda f: f.write(str(version).encode()))
 
 
 def published_version(directory: Path) -> int:

@@ -208,3 +208,29 @@ def test_bandit_state_keeps_at_most_max_actors_forgetting_the_least_recently_see
     again = BanditState(load_config("cpu", ["bandit.max_actors=3"]))
     again.restore(tmp_path / "s.json")
     assert list(again.controllers) == ["x97", "x98", "x99"]
+
+
+def test_a_damaged_bandit_snapshot_falls_back_to_the_one_before(tmp_path, caplog):
+    """Issue 12: a truncated newest snapshot used to stop the service although an older good one
+    existed; a write killed midway left a .tmp behind for ever."""
+    from bandit_svc.state import BanditState
+    from lbc.config import load_config
+
+    cfg = load_config("cpu")
+    state = BanditState(cfg)
+    episode, _ = state.select("a")
+    state.report("a", episode, 1.0)
+    path = tmp_path / "bandit" / "state.json"
+    state.save(path)
+    state.select("b")
+    state.save(path)                                   # the first snapshot is now state.json.prev
+    path.write_text(path.read_text()[:100])            # cut short, as by a full disk
+    (path.parent / "state.json.tmp").write_text("{")   # as left by a killed write
+    again = BanditState(cfg)
+    assert again.restore(path) and list(again.controllers) == ["a"]
+    assert again.controllers["a"].episodes == 1
+    assert not (path.parent / "state.json.tmp").exists()
+    assert "does not read" in caplog.text
+    (path.parent / "state.json.prev").write_text("")
+    with pytest.raises(ValueError, match="no bandit snapshot"):
+        BanditState(cfg).restore(path)

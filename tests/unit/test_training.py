@@ -193,3 +193,17 @@ def test_a_batch_with_a_non_finite_loss_is_skipped_and_changes_nothing(preset):
     with torch.no_grad():
         next(trainer.agent.parameters()).fill_(float("nan"))
     assert not trainer.parameters_finite()
+
+
+def test_checkpoint_writes_are_whole_and_leftovers_of_a_killed_write_are_removed(tmp_path):
+    from lbc.files import remove_stale_temporaries
+
+    cfg = load_config("catch")
+    trainer = Trainer(cfg)
+    path = checkpoint.save(tmp_path, trainer.agent, trainer.optimiser, checkpoint.Counters(step=7))
+    assert path.name == "ckpt-000000007.pt" and not list(tmp_path.glob("*.tmp"))
+    (tmp_path / "ckpt-000000008.pt.tmp").write_bytes(b"half a checkpoint")
+    assert remove_stale_temporaries(tmp_path) == [tmp_path / "ckpt-000000008.pt.tmp"]
+    assert checkpoint.latest(tmp_path) == path
+    checkpoint.record_version(tmp_path, 12)
+    assert checkpoint.published_version(tmp_path) == 12
