@@ -23,6 +23,7 @@ from lbc.behaviour import psi_problem
 from lbc.config import Config
 from lbc.params import load_blob
 from lbc.peers import BanditClient, ParameterClient
+from lbc.service import Backoff
 
 log = logging.getLogger("actor")
 
@@ -39,23 +40,22 @@ class ParamPuller:
         self.client = ParameterClient(cfg.endpoints.params, actor_id, cfg.endpoints.rpc_timeout_s)
         self.model = model
         self.version = -1
-        self._retry_at = 0.0
-        self._delay = 0.5
+        self.backoff = Backoff(initial=0.5)
 
     def pull(self) -> bool:
         """One attempt; True when the model holds parameters afterwards."""
         now = time.monotonic()
-        if now < self._retry_at:
+        if not self.backoff.ready(now):
             return self.version >= 0
         try:
             got = self.client.pull(self.version)
         except (grpc.RpcError, ValueError) as exc:
             PULLS.labels("error").inc()
-            self._retry_at, self._delay = now + self._delay, min(self._delay * 2, 10.0)
+            self.backoff.fail(now)
             detail = exc.code().name if isinstance(exc, grpc.RpcError) else str(exc)
             log.warning("parameter pull failed (%s); acting on version %d", detail, self.version)
             return self.version >= 0
-        self._delay = 0.5
+        self.backoff.reset()
         if got is None:
             PULLS.labels("current").inc()
             return True
@@ -64,7 +64,7 @@ class ParamPuller:
             load_blob(self.model, blob)
         except ValueError as exc:   # e.g. non-finite values: keep acting on the last good parameters
             PULLS.labels("refused").inc()
-            self._retry_at, self._delay = now + self._delay, min(self._delay * 2, 10.0)
+            self.backoff.fail(now)
             log.error("refused parameters of version %d (%s); acting on version %d", version, exc, self.version)
             return self.version >= 0
         self.version = version
@@ -103,15 +103,13 @@ class BehaviourSource:
         self.default = EpisodeBehaviour("", [cfg.behaviour.fixed_tau] * n, [1.0 / n] * n)
         self.client = BanditClient(cfg.endpoints.bandit, min(cfg.endpoints.rpc_timeout_s, 1.0)) \
             if cfg.behaviour.controlled else None
-        self._retry_at = 0.0
-        self._delay = 0.5
+        self.backoff = Backoff(initial=0.5)
 
     def _available(self) -> bool:
-        return self.client is not None and time.monotonic() >= self._retry_at
+        return self.client is not None and self.backoff.ready()
 
     def _failed(self, what: str, exc: grpc.RpcError) -> None:
-        self._retry_at = time.monotonic() + self._delay
-        self._delay = min(self._delay * 2, 10.0)
+        self.backoff.fail()
         log.warning("bandit %s failed (%s); default psi until it answers", what, exc.code().name)
 
     def next(self) -> EpisodeBehaviour:
@@ -125,7 +123,7 @@ class BehaviourSource:
             self._failed("select", exc)
             FALLBACKS.inc()
             return self.default
-        self._delay = 0.5
+        self.backoff.reset()
         mixture = b.mixture if b.HasField("mixture") else None
         problem = check_behaviour(list(b.tau), list(b.omega), self.num_components, self.tau_max, mixture,
                                   self.num_mixtures)

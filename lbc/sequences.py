@@ -50,8 +50,8 @@ def batch_layout(cfg: Config) -> Layout:
             "weight": ("float32", ())}
 
 
-def validate_sequence(arrays: Mapping[str, np.ndarray], cfg: Config, leading: tuple[int, ...] = ()) -> None:
-    """The layout (after `leading` batch dimensions), then every value against what it can be. Raises
+def validate_sequence(arrays: Mapping[str, np.ndarray], cfg: Config) -> None:
+    """The layout, then every value against what it can be. Raises
     CodecError with the reason. Nothing a learner trains on may be merely finite: absurd rewards or
     recurrent states poison the model as surely as NaN does.
 
@@ -61,7 +61,21 @@ def validate_sequence(arrays: Mapping[str, np.ndarray], cfg: Config, leading: tu
     - h0 in [-1, 1] (h = sigmoid(o) tanh(.)); |c0| at most one per step of an episode (|c_t| <=
       |c_{t-1}| + 1), so at most env.max_episode_frames.
     """
-    check_layout(arrays, sequence_layout(cfg), leading)
+    check_layout(arrays, sequence_layout(cfg))
+    _check_values(arrays, cfg)
+
+
+def validate_batch(arrays: Mapping[str, np.ndarray], cfg: Config, batch_size: int) -> None:
+    """A batch from replay: its layout, every sequence's values as validate_sequence, and finite,
+    non-negative weights."""
+    check_layout(arrays, batch_layout(cfg), (batch_size,))
+    _check_values(arrays, cfg)
+    if not np.all(np.isfinite(arrays["weight"]) & (arrays["weight"] >= 0.0)):
+        raise CodecError("importance weights must be finite and non-negative", "value")
+
+
+def _check_values(arrays: Mapping[str, np.ndarray], cfg: Config) -> None:
+    """The checks by meaning of validate_sequence, on arrays whose layout is already checked."""
     num_actions = env_spec(cfg.env).num_actions
     for name in ("action", "prev_action"):
         if arrays[name].min() < 0 or arrays[name].max() >= num_actions:
@@ -87,14 +101,6 @@ def validate_sequence(arrays: Mapping[str, np.ndarray], cfg: Config, leading: tu
             raise CodecError(f"mixture outside [0, {cfg.ngu.num_mixtures})", "value")
         if not np.all(np.isfinite(intrinsic) & (intrinsic >= 0.0)):
             raise CodecError("prev_intrinsic must be finite and non-negative", "value")
-
-
-def validate_batch(arrays: Mapping[str, np.ndarray], cfg: Config, batch_size: int) -> None:
-    """A batch from replay: every sequence as validate_sequence, and finite, non-negative weights."""
-    check_layout(arrays, batch_layout(cfg), (batch_size,))
-    validate_sequence({name: arrays[name] for name in sequence_layout(cfg)}, cfg, (batch_size,))
-    if not np.all(np.isfinite(arrays["weight"]) & (arrays["weight"] >= 0.0)):
-        raise CodecError("importance weights must be finite and non-negative", "value")
 
 
 def stack(sequences: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:

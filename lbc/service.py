@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -115,14 +116,25 @@ def set_serving(health_servicer: health.HealthServicer, services: list[str], ser
 
 
 class Backoff:
-    """Exponential backoff with a cap, for retrying a peer without busy-waiting or crashing."""
+    """Exponential backoff with a cap, for retrying a peer without busy-waiting or crashing: either
+    blocking (`wait`) or, for a loop that must go on, as a time before which not to retry (`fail`,
+    `ready`)."""
 
     def __init__(self, initial: float = 0.2, cap: float = 10.0) -> None:
         self.initial, self.cap, self.delay = initial, cap, initial
+        self.retry_at = 0.0
 
     def wait(self, stop: threading.Event) -> None:
         stop.wait(self.delay)
         self.delay = min(self.cap, self.delay * 2)
+
+    def fail(self, now: float | None = None) -> None:
+        """A failed attempt at `now`: no retry before now + delay, and the next delay doubles."""
+        self.retry_at = (time.monotonic() if now is None else now) + self.delay
+        self.delay = min(self.cap, self.delay * 2)
+
+    def ready(self, now: float | None = None) -> bool:
+        return (time.monotonic() if now is None else now) >= self.retry_at
 
     def reset(self) -> None:
         self.delay = self.initial

@@ -67,14 +67,14 @@ def main(argv: list[str] | None = None) -> int:
             log.info("resumed from %s at step %d; publishing as version %d", found, counters.step, counters.version)
 
     store = ParameterStore()
-    store.set(counters.version, to_blob(trainer.agent))
+    blob = to_blob(trainer.agent)
+    store.set(counters.version, blob)
     VERSION.set(counters.version)
     # metrics first: whoever sees the new parameters can also read the version and step they come with
     start_metrics(cfg.endpoints.learner_metrics, cfg.endpoints.bind_host)
     server, health = grpc_server(listen_address(cfg.endpoints.params, cfg.endpoints.bind_host))
-    blob_bytes = len(store.get()[1])
     servicer = ParameterServicer(store, shapes(trainer.agent), cfg.learner.accept_pushes,
-                                 max_push_bytes=2 * blob_bytes + (1 << 20))
+                                 max_push_bytes=2 * len(blob) + (1 << 20))
     lbc_pb2_grpc.add_ParameterServiceServicer_to_server(servicer, server)
     server.start()
     set_serving(health, ["lbc.v1.ParameterService"])

@@ -5,6 +5,7 @@ transformed Retrace(lambda) from a target network on r^e + beta_j r^i with gamma
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import torch
@@ -81,9 +82,10 @@ class NguTrainer(Trainer):
 
     def _clip_gradients(self) -> float:
         """The Q-network and the auxiliary networks clipped apart (their losses are unrelated); returns the
-        Q-network's norm."""
-        torch.nn.utils.clip_grad_norm_(self.aux.parameters(), self.cfg.learner.clip_norm)
-        return super()._clip_gradients()
+        Q-network's norm, or the auxiliary networks' where that one is not finite."""
+        aux = float(torch.nn.utils.clip_grad_norm_(self.aux.parameters(), self.cfg.learner.clip_norm))
+        q = super()._clip_gradients()
+        return q if math.isfinite(aux) else aux
 
     def train_step(self, batch: dict[str, np.ndarray]) -> StepStats:
         stats = super().train_step(batch)
