@@ -61,6 +61,9 @@ class NetConfig(_Section):
     lstm: int = Field(256, ge=8)
     core: Literal["lstm", "layernorm_lstm"] = Field(
         "layernorm_lstm", description="recurrent core; the plain LSTM saturates on Atari (docs/decisions.md 24)")
+    init: Literal["torch", "orthogonal"] = Field(
+        "torch", description="torso weights: torch's default, or orthogonal with the ReLU gain sqrt(2) and zero "
+                             "biases (features ~20x larger at the start; docs/decisions.md 34)")
 
 
 class BehaviourConfig(_Section):
@@ -141,6 +144,13 @@ class LearnerConfig(_Section):
     accept_pushes: bool = Field(False, description="let gRPC clients push parameters into the learner's "
                                                    "ParameterService (off: only the learner publishes)")
     checkpoint_every: int = Field(500, ge=1, description="learner steps between checkpoints")
+    recycle_every: int = Field(0, ge=0, description="learner steps between recyclings of the torso's dormant units "
+                                                     "(ReDo, Sokar et al. 2023; lbc.recycling); 0: never")
+    recycle_threshold: float = Field(0.025, ge=0.0, description="ReDo's tau: a unit whose mean |activation| is at "
+                                                               "most this share of its layer's mean is dormant")
+    diagnose_every: int = Field(100, ge=0, description="learner steps between counts of the torso's dead "
+                                                        "units (lbc_learner_dead_units_ratio) on the batch's frames; "
+                                                        "0: never")
     v_loss_scale: float = 1.0
     q_loss_scale: float = 5.0
     pi_loss_scale: float = 5.0
@@ -313,6 +323,8 @@ class Config(BaseSettings):
             raise ValueError("policies: at least one policy is needed")
         if self.env.kind == "catch" and self.net.torso != "mlp":
             raise ValueError("env.kind=catch needs net.torso=mlp (its frames are not 84x84)")
+        if self.learner.recycle_every and self.net.torso == "deep":
+            raise ValueError("learner.recycle_every covers the small and mlp torsos, not net.torso=deep")
         if self.env.kind == "atari" and self.net.torso == "mlp":
             raise ValueError("net.torso=mlp is only for env.kind=catch")
         if self.learner.split_batch > self.learner.batch_size:

@@ -101,6 +101,8 @@ def build() -> dict:
                             _query(f"lbc_actor_param_version{{{SEL}}}", "{{pod}}")))
         .with_panel(_series("Policy lag (versions)", "none",
                             _query(f"lbc_learner_policy_lag{{{SEL}}}", "{{stat}}")))
+        .with_panel(_series("Torso units dead on a batch (all dead: the net is blind)", "percentunit",
+                            _query(f"lbc_learner_dead_units_ratio{{{SEL}}}", "{{layer}}")))
         .with_row(db.Row("Replay"))
         .with_panel(_series("Replay fill", "percentunit",
                             _query(f"sum(lbc_replay_sequences{{{SEL}}}) / sum(lbc_replay_capacity_sequences{{{SEL}}})",

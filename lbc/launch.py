@@ -164,6 +164,7 @@ class Progress:
             "eval_version": value(evaluator, "lbc_eval_param_version") if evaluated else None,
             "losses": {f"{labels['policy']}/{labels['term']}": v for labels, v in learner.get("lbc_learner_loss", [])},
             "grad_norm": value(learner, "lbc_learner_grad_norm"),
+            "dead_units": {labels["layer"]: v for labels, v in learner.get("lbc_learner_dead_units_ratio", [])},
         }
 
     def _top_arms(self, bandit: dict) -> dict[str, str]:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from lbc.ngu_nets import NguAgent, NguAux
+from lbc.recycling import Link, dormant_scores, recycle
 
 
 class _ConvTorso(nn.Module):
@@ -64,6 +65,39 @@ class DeepTorso(_ConvTorso):
                        _ResBlock(c_out), _ResBlock(c_out)]
             c_in = c_out
         super().__init__(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), in_channels, image_size, hidden)
+
+
+def init_relu_layers(module: nn.Module) -> nn.Module:
+    """Orthogonal weights with the ReLU gain sqrt(2) and zero biases for every convolution and linear layer
+    in `module` (the torso), so that each layer keeps its input's scale (Saxe et al. 2014). torch's default
+    shrinks it about 2.5x per layer: the small torso's features start ~20x smaller (docs/decisions.md 34)."""
+    for layer in module.modules():
+        if isinstance(layer, (nn.Conv2d, nn.Linear)):
+            nn.init.orthogonal_(layer.weight, gain=2 ** 0.5)
+            nn.init.zeros_(layer.bias)
+    return module
+
+
+def dead_units(module: nn.Module, x: torch.Tensor) -> dict[str, float]:
+    """For each nn.ReLU in `module` (by its name there), the fraction of its units that are not positive
+    on any of the inputs `x`: a convolution's unit is a channel (at any position), a linear layer's a
+    feature. A unit dead on every input gets no gradient and stays dead; a torso whose units all die
+    sees nothing (Sokar et al. 2023 call them dormant). Runs `module` once under no_grad."""
+    seen: dict[str, torch.Tensor] = {}
+    hooks = []
+    for name, layer in module.named_modules():
+        if isinstance(layer, nn.ReLU):
+            def keep(_layer: nn.Module, _inputs: tuple, out: torch.Tensor, name: str = name) -> None:
+                fired = out > 0
+                seen[name] = fired.any(0) if fired.dim() == 2 else fired.transpose(0, 1).flatten(1).any(1)
+            hooks.append(layer.register_forward_hook(keep))
+    try:
+        with torch.no_grad():
+            module(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {name: float((~fired).float().mean()) for name, fired in seen.items()}
 
 
 class MlpTorso(nn.Module):
@@ -119,6 +153,11 @@ class LayerNormLSTM(nn.Module):
             outs.append(h)
         return torch.stack(outs), (h, c)
 
+    @property
+    def input_weight(self) -> nn.Parameter:
+        """The weight [4H, in] that reads the step's input."""
+        return self.input_proj.weight
+
 
 class PlainLSTM(nn.Module):
     """torch.nn.LSTMCell stepped over time, with the same interface as LayerNormLSTM."""
@@ -136,6 +175,10 @@ class PlainLSTM(nn.Module):
             outs.append(h)
         return torch.stack(outs), (h, c)
 
+    @property
+    def input_weight(self) -> nn.Parameter:
+        return self.cell.weight_ih
+
 
 CORES = {"lstm": PlainLSTM, "layernorm_lstm": LayerNormLSTM}
 
@@ -152,7 +195,8 @@ class LBCNet(nn.Module):
     `extra_inputs` more per step, e.g. NGU's one-hot j and intrinsic reward) -> N heads."""
 
     def __init__(self, torso: str, obs_shape: tuple[int, ...], num_actions: int, num_policies: int,
-                 hidden: int = 256, lstm: int = 256, core: str = "layernorm_lstm", extra_inputs: int = 0) -> None:
+                 hidden: int = 256, lstm: int = 256, core: str = "layernorm_lstm", extra_inputs: int = 0,
+                 init: str = "torch") -> None:
         super().__init__()
         self.num_actions = num_actions
         self.extra_inputs = extra_inputs
@@ -166,6 +210,11 @@ class LBCNet(nn.Module):
             self.torso = MlpTorso(obs_shape, hidden)
         else:
             raise ValueError(f"unknown torso {torso!r}")
+        if init not in ("torch", "orthogonal"):
+            raise ValueError(f"unknown init {init!r}")
+        self.init = init
+        if init == "orthogonal":
+            init_relu_layers(self.torso)
         self.core = CORES[core](hidden + num_actions + 1 + extra_inputs, lstm)
         self.heads = nn.Linear(lstm, num_policies * (num_actions + 1))
 
@@ -175,6 +224,48 @@ class LBCNet(nn.Module):
             self.torso.memory_format = torch.channels_last if enabled else torch.contiguous_format
             self.torso.convs.to(memory_format=self.torso.memory_format)
         return self
+
+    def _torso_input(self, frames: torch.Tensor) -> torch.Tensor:
+        """uint8 frames [M, *obs_shape] to the torso's float input in [0, 1]."""
+        if isinstance(self.torso, _ConvTorso):   # lay out the uint8 frames, so the float copy is the only big one
+            frames = frames.contiguous(memory_format=self.torso.memory_format)
+        return frames.float().div_(255.0)
+
+    def torso_dead_units(self, frames: torch.Tensor) -> dict[str, float]:
+        """dead_units of the torso on uint8 frames [M, *obs_shape]."""
+        return dead_units(self.torso, self._torso_input(frames))
+
+    def _reinit(self, layer: nn.Module) -> None:
+        """Draw a torso layer's weights as at construction (net.init)."""
+        if self.init == "orthogonal":
+            init_relu_layers(layer)
+        else:
+            layer.reset_parameters()
+
+    def recycling_links(self) -> list[Link]:
+        """The torso's ReLU layers and what reads each (ReDo, lbc.recycling); the deep torso's residual
+        blocks are not covered."""
+        feats_reader = self.core.input_weight   # the torso's features are the core input's first columns
+        if isinstance(self.torso, SmallTorso):
+            conv0, relu0, conv1, relu1 = list(self.torso.convs)[:4]
+            fc, fc_relu = self.torso.fc
+            return [Link(conv0, relu0, conv1.weight),
+                    Link(conv1, relu1, fc.weight, span=fc.in_features // conv1.out_channels),   # flattened C, H, W
+                    Link(fc, fc_relu, feats_reader)]
+        if isinstance(self.torso, MlpTorso):
+            _, fc0, relu0, fc1, relu1 = list(self.torso.net)
+            return [Link(fc0, relu0, fc1.weight), Link(fc1, relu1, feats_reader)]
+        raise ValueError(f"recycling covers the small and mlp torsos, not {type(self.torso).__name__}")
+
+    def recycle_dormant(self, frames: torch.Tensor, tau: float,
+                        optimiser: torch.optim.Optimizer | None) -> dict[str, int]:
+        """ReDo on the torso with the dormant scores on uint8 frames [M, *obs_shape]: units recycled per
+        ReLU layer, named as in torso_dead_units."""
+        links = self.recycling_links()
+        scores = dormant_scores(self.torso, self._torso_input(frames), links)
+        counts = recycle(links, scores, tau, optimiser, self._reinit)
+        names = {id(m): name for name, m in self.torso.named_modules()}
+        return {names[id(link.relu)]: n for link, n in zip(links, counts, strict=True)}
 
     def initial_state(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         z = torch.zeros(batch, self.lstm_size)
@@ -195,11 +286,7 @@ class LBCNet(nn.Module):
         if (extra is None) != (self.extra_inputs == 0):
             raise ValueError(f"this net takes {self.extra_inputs} extra inputs per step")
         steps, batch = obs.shape[:2]
-        x = obs.reshape(steps * batch, *obs.shape[2:])
-        if isinstance(self.torso, _ConvTorso):   # lay out the uint8 frames, so the float copy is the only big one
-            x = x.contiguous(memory_format=self.torso.memory_format)
-        x = x.float().div_(255.0)
-        feats = self.torso(x).view(steps, batch, -1)
+        feats = self.torso(self._torso_input(obs.reshape(steps * batch, *obs.shape[2:]))).view(steps, batch, -1)
         one_hot = nn.functional.one_hot(prev_action, self.num_actions).to(feats.dtype)
         parts = [feats, one_hot, prev_reward.clamp(-1.0, 1.0).unsqueeze(-1).to(feats.dtype)]
         core_in = torch.cat(parts if extra is None else [*parts, extra.to(feats.dtype)], -1)
@@ -216,7 +303,7 @@ def build_net(cfg, obs_shape: tuple[int, ...], num_actions: int) -> LBCNet:
     one-hot mixture index j and the intrinsic reward (lbc.ngu.core_inputs)."""
     extra = cfg.ngu.num_mixtures + 1 if cfg.ngu.enabled else 0
     return LBCNet(cfg.net.torso, obs_shape, num_actions, cfg.num_policies, cfg.net.hidden, cfg.net.lstm,
-                  cfg.net.core, extra_inputs=extra)
+                  cfg.net.core, extra_inputs=extra, init=cfg.net.init)
 
 
 def build_agent(cfg, obs_shape: tuple[int, ...], num_actions: int) -> nn.Module:

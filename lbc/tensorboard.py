@@ -46,6 +46,8 @@ class TensorBoardLog:
         for name, value in (record.get("losses") or {}).items():   # "policy/term"
             policy, term = name.split("/", 1)
             self.writer.add_scalar(f"loss/{term}/policy_{policy}", value, step)
+        for layer, share in (record.get("dead_units") or {}).items():
+            self.writer.add_scalar(f"torso/dead_units/{layer}", share, step)
         for dim, region in (record.get("bandit_top") or {}).items():
             value = region_value(region)
             if value is not None:

@@ -38,6 +38,9 @@ GRAD_NORM = Gauge("lbc_learner_grad_norm", "Gradient norm before clipping")
 LR = Gauge("lbc_learner_learning_rate", "Current learning rate")
 LAG = Gauge("lbc_learner_policy_lag", "Learner version minus the batch's trajectory versions", ["stat"])
 CHECKPOINTS = Counter("lbc_learner_checkpoints_total", "Checkpoints written")
+DEAD_UNITS = Gauge("lbc_learner_dead_units_ratio", "Share of a torso ReLU layer's units positive on none of a "
+                   "batch's frames (they get no gradient; all dead: the net is blind)", ["layer"])
+RECYCLED = Counter("lbc_learner_recycled_units_total", "Dormant torso units given fresh weights (ReDo)", ["layer"])
 SKIPPED = Counter("lbc_learner_skipped_steps_total", "Batches skipped because the loss or a gradient was not finite")
 
 
@@ -113,6 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         for i, terms in enumerate(stats.per_policy):
             for term, value in terms.items():
                 LOSS.labels(str(i + 1), term).set(value)
+        if cfg.learner.recycle_every and trainer.step % cfg.learner.recycle_every == 0:
+            recycled = trainer.recycle_dormant(batch)
+            for layer, n in recycled.items():
+                RECYCLED.labels(layer).inc(n)
+            log.info("step %d: recycled dormant units %s", trainer.step, recycled)
+        if cfg.learner.diagnose_every and trainer.step % cfg.learner.diagnose_every == 0:
+            for layer, share in trainer.torso_dead_units(batch).items():
+                DEAD_UNITS.labels(layer).set(share)
         due = trainer.step % cfg.learner.push_every == 0 or trainer.step % cfg.learner.checkpoint_every == 0
         if due and not trainer.parameters_finite():
             # finite losses and gradients cannot make this; if it happens anyway, serve and save nothing

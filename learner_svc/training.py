@@ -145,6 +145,22 @@ class Trainer:
         eta = self.cfg.replay.priority_eta
         return (eta * abs_td.max(0).values + (1 - eta) * abs_td.mean(0)).detach()
 
+    def _probe_frames(self, batch: dict[str, np.ndarray], frames: int = 256) -> torch.Tensor:
+        """Up to `frames` of the batch's learned-on frames (after burn-in), spread over the batch."""
+        obs = batch["obs"][:, self.cfg.sequence.burn_in:]
+        obs = obs.reshape(-1, *obs.shape[2:])
+        obs = obs[:: max(1, len(obs) // frames)][:frames]
+        return torch.from_numpy(np.ascontiguousarray(obs)).to(self.device)
+
+    def torso_dead_units(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        """The torso's dead units (lbc.nets.dead_units) on the batch's frames."""
+        return self.model.torso_dead_units(self._probe_frames(batch))
+
+    def recycle_dormant(self, batch: dict[str, np.ndarray]) -> dict[str, int]:
+        """ReDo (lbc.recycling) on the torso, scored on the batch's frames: units recycled per layer."""
+        return self.model.recycle_dormant(self._probe_frames(batch), self.cfg.learner.recycle_threshold,
+                                          self.optimiser)
+
     def _clip_gradients(self) -> float:
         """Clip the gradient's global norm; returns the norm before clipping, which is not finite exactly
         when a gradient is not (the skip test in train_step relies on it)."""

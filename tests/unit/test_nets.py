@@ -117,3 +117,56 @@ def test_layernorm_core_keeps_its_output_unsaturated_whatever_the_cell_size():
     assert out.abs().max() < 0.99
     out.sum().backward()
     assert x.grad.abs().mean() > 1e-3
+
+
+def test_dead_units_hand_derived():
+    from lbc.nets import dead_units
+    linear = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+    with torch.no_grad():
+        linear[0].weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]]))
+        linear[0].bias.zero_()
+    # unit 0 fires on the first input; unit 1 is 0 on both (not positive); unit 2 is negative on both
+    assert dead_units(linear, torch.tensor([[1.0, 0.0], [0.0, 0.0]])) == {"1": pytest.approx(2 / 3)}
+    assert dead_units(linear, torch.tensor([[1.0, 0.0], [0.0, 1.0]])) == {"1": pytest.approx(1 / 3)}
+    conv = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 1), torch.nn.ReLU())
+    with torch.no_grad():
+        conv[0].weight.copy_(torch.tensor([1.0, -1.0]).view(2, 1, 1, 1))
+        conv[0].bias.zero_()
+    x = torch.zeros(3, 1, 4, 4)
+    x[2, 0, 3, 1] = 1.0   # channel 0 fires at one position of one input: alive; channel 1 never
+    assert dead_units(conv, x) == {"1": 0.5}
+    assert not linear[1]._forward_hooks and not conv[1]._forward_hooks   # the probe leaves no hook behind
+
+
+def test_orthogonal_init_keeps_the_scale_of_relu_layers():
+    cfg = load_config("cpu", ["net.init=orthogonal"])
+    spec = env_spec(cfg.env)
+    net = build_net(cfg, spec.obs_shape, spec.num_actions)
+    for layer in net.torso.modules():
+        if isinstance(layer, (torch.nn.Conv2d, torch.nn.Linear)):
+            w = layer.weight.detach().flatten(1)
+            gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+            torch.testing.assert_close(gram, 2.0 * torch.eye(len(gram)), atol=1e-4, rtol=0)
+            assert not layer.bias.any()
+    torch_net = build_net(load_config("cpu"), spec.obs_shape, spec.num_actions)
+    assert torch_net.torso.fc[0].bias.any()   # torch's own default is left alone
+    frames = torch.randint(0, 256, (32, *spec.obs_shape), dtype=torch.uint8)
+    with torch.no_grad():
+        ours = net.torso(net._torso_input(frames)).std(0).mean()
+        theirs = torch_net.torso(torch_net._torso_input(frames)).std(0).mean()
+    assert ours > 5 * theirs   # torch's default shrinks the features' variation layer by layer
+
+
+def test_the_learner_counts_dead_units_on_the_batch():
+    from learner_svc.training import Trainer
+    cfg = load_config("cpu")
+    trainer = Trainer(cfg)
+    spec = env_spec(cfg.env)
+    seq = cfg.sequence.burn_in + cfg.sequence.length
+    batch = {"obs": np.random.default_rng(0).integers(0, 256, (2, seq, *spec.obs_shape), dtype=np.uint8)}
+    alive = trainer.torso_dead_units(batch)
+    assert set(alive) == {"convs.1", "convs.3", "fc.1"} and max(alive.values()) < 0.5
+    with torch.no_grad():
+        trainer.model.torso.convs[0].bias.fill_(-1e3)   # every first-layer unit negative: the net is blind
+    dead = trainer.torso_dead_units(batch)
+    assert dead["convs.1"] == 1.0 and dead["convs.3"] > alive["convs.3"]
