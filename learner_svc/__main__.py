@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             for layer, n in recycled.items():
                 RECYCLED.labels(layer).inc(n)
             log.info("step %d: recycled dormant units %s", trainer.step, recycled)
-        if cfg.learner.diagnose_every and trainer.step % cfg.learner.diagnose_every == 0:
+        if cfg.learner.diagnose_every and (trainer.step % cfg.learner.diagnose_every == 0 or trainer.step == 1):
             for layer, share in trainer.torso_dead_units(batch).items():
                 DEAD_UNITS.labels(layer).set(share)
         due = trainer.step % cfg.learner.push_every == 0 or trainer.step % cfg.learner.checkpoint_every == 0
