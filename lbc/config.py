@@ -120,6 +120,9 @@ class ReplayConfig(_Section):
     min_sequences: int = Field(32, ge=1, description="no batch is served before this many are stored")
     ratio_tolerance: float = Field(256.0, ge=1.0, description="slack of the rate limiter, in samples")
     max_message_bytes: int = Field(64_000_000, ge=1024)
+    snapshot_every_s: float = Field(0.0, ge=0.0, description="seconds between snapshots of the buffer to "
+                                                             "<run_dir>/replay/snapshot.bin, also written at a clean "
+                                                             "stop and restored at start (0: none)")
     # Prioritised sequence replay (R2D2): P(i) ~ p_i^alpha, importance weights (n P(i))^-beta.
     prioritised: bool = False
     priority_exponent: float = Field(0.9, ge=0.0, description="alpha")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import numpy as np
 import zmq
@@ -13,6 +14,7 @@ from prometheus_client import Counter, Gauge
 
 from lbc import codec
 from lbc.config import Config
+from lbc.files import remove_stale_temporaries
 from lbc.sequences import stack, validate_sequence
 from lbc.service import (
     base_parser,
@@ -25,6 +27,7 @@ from lbc.service import (
     stop_event,
     zmq_bind_address,
 )
+from replay_svc import snapshot
 from replay_svc.buffer import PrioritisedSequenceBuffer, RateLimiter, SequenceBuffer
 
 SIZE = Gauge("lbc_replay_sequences", "Sequences stored")
@@ -35,6 +38,7 @@ SAMPLED = Counter("lbc_replay_sampled_total", "Sequences served to the learner")
 BATCHES = Counter("lbc_replay_batches_total", "Batches served")
 EVICTED = Counter("lbc_replay_evicted_total", "Sequences dropped to stay within capacity")
 REJECTED = Counter("lbc_replay_rejected_total", "Messages rejected", ["reason"])
+SNAPSHOTS = Counter("lbc_replay_snapshots_total", "Snapshots of the buffer written to disk")
 PRIORITY_UPDATES = Counter("lbc_replay_priority_updates_total", "Sequence priorities set by the learner")
 INSERT_BLOCKED = Gauge("lbc_replay_insert_blocked", "1 while the rate limiter holds actors back")
 SAMPLE_BLOCKED = Gauge("lbc_replay_sample_blocked", "1 while a learner request waits for data")
@@ -81,6 +85,14 @@ def check_priorities(arrays: dict[str, np.ndarray], capacity: int) -> tuple[np.n
     return keys, priorities
 
 
+def _snapshot(path: Path, buffer: SequenceBuffer, limiter: RateLimiter, log: logging.Logger) -> None:
+    """Write the snapshot; the loop waits meanwhile (about a second per GB on a local disk)."""
+    started = time.monotonic()
+    size = snapshot.save(path, buffer, limiter)
+    SNAPSHOTS.inc()
+    log.info("snapshot of %d sequences (%.2f GB) in %.1f s", len(buffer), size / 1e9, time.monotonic() - started)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser("replay_svc", __doc__)
     args = parser.parse_args(argv)
@@ -96,6 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(cfg.env.seed + 7)
     reject = RejectLog(log)
     CAPACITY.set(rc.capacity_sequences)
+
+    snapshot_path = Path(cfg.run_dir) / "replay" / "snapshot.bin"
+    if rc.snapshot_every_s:
+        remove_stale_temporaries(snapshot_path.parent, log)
+        started = time.monotonic()
+        restored = snapshot.load(snapshot_path, cfg, buffer, limiter, log)
+        if restored:
+            log.info("restored %d sequences from %s in %.1f s", restored, snapshot_path, time.monotonic() - started)
+    last_snapshot = time.monotonic()
 
     ctx = zmq.Context.instance()
     ingest = ctx.socket(zmq.PULL)
@@ -202,12 +223,18 @@ def main(argv: list[str] | None = None) -> int:
         SIZE.set(len(buffer))
         BYTES.set(buffer.nbytes)
 
+        if rc.snapshot_every_s and time.monotonic() - last_snapshot > rc.snapshot_every_s:
+            _snapshot(snapshot_path, buffer, limiter, log)
+            last_snapshot = time.monotonic()
+
         if time.monotonic() - last_log > 30:
             last_log = time.monotonic()
             log.info("stored %d sequences (%.2f GB), inserted %d, sampled %d, evicted %d",
                      len(buffer), buffer.nbytes / 1e9, limiter.inserted, limiter.sampled, buffer.evicted)
 
     set_serving(health, ["lbc.v1.Replay"], serving=False)
+    if rc.snapshot_every_s:
+        _snapshot(snapshot_path, buffer, limiter, log)
     ingest.close()
     serve.close()
     server.stop(grace=0.5).wait()

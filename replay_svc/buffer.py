@@ -54,6 +54,13 @@ class SequenceBuffer:
         self.nbytes -= old.nbytes
         self.evicted += 1
 
+    def items(self) -> list[Stored]:
+        """The stored sequences, oldest first."""
+        return list(self._items)
+
+    def restore_priority(self, item: Stored, priority: float) -> None:
+        """Give a sequence read back from a snapshot its saved priority (uniform replay has none)."""
+
     def sample(self, batch_size: int, rng: np.random.Generator) -> Sample:
         """batch_size distinct sequences drawn uniformly."""
         idx = rng.choice(len(self._items), size=batch_size, replace=False)
@@ -89,6 +96,10 @@ class PrioritisedSequenceBuffer(SequenceBuffer):
     def _evict(self, old: Stored) -> None:
         super()._evict(old)
         self._by_key.pop(old.key, None)
+
+    def restore_priority(self, item: Stored, priority: float) -> None:
+        item.priority = max(priority, self.min_priority)
+        self.max_priority = max(self.max_priority, item.priority)
 
     def probabilities(self) -> np.ndarray:
         p = np.fromiter((it.priority for it in self._items), np.float64, len(self._items)) ** self.alpha

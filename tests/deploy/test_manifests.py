@@ -252,3 +252,19 @@ def test_monitoring_objects(overlay: str) -> None:
 
 def test_committed_dashboard_is_what_the_builder_makes() -> None:
     assert dashboard.OUTPUT.read_text() == dashboard.render(), "run: python -m lbc.dashboard"
+
+
+def test_dev_replay_keeps_its_snapshot_on_a_claim_under_the_run_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = render("overlays/dev")
+    replay = next(w for w in workloads(objects) if component(w) == "replay")
+    c = container(replay)
+    env = container_env(objects, c, "pod-0")
+    for key, val in env.items():
+        monkeypatch.setenv(key, val)
+    cfg = load_config()
+    assert cfg.replay.snapshot_every_s > 0
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+              for v in replay["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v}
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] in claims]
+    assert cfg.run_dir.startswith(mount["mountPath"].rstrip("/") + "/")   # the snapshot lands on the claim
+    assert named(objects, "PersistentVolumeClaim", claims[mount["name"]])["spec"]["accessModes"] == ["ReadWriteOnce"]

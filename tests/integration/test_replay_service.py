@@ -149,3 +149,30 @@ def test_prioritised_replay_follows_the_learners_priorities(start_replay):
     push.close()
     dealer.close()
     assert svc.stop() == 0, svc.log()
+
+
+def test_a_restarted_replay_serves_from_its_snapshot(start_replay):
+    """Stopped and started again, replay serves the learner from what it stored, before any actor
+    sends anything; the limiter goes on from its counts."""
+    settings = ["replay.snapshot_every_s=3600"]   # written at the clean stop
+    cfg, o, svc, port, push = start_replay(settings)
+    rng = np.random.default_rng(0)
+    for version in range(40):
+        push.send_multipart(codec.encode("sequence", _sequence(cfg, rng), param_version=version))
+    wait_for(lambda: metric(port, "lbc_replay_inserted_total") >= 40, 20, "inserts")
+    push.close()
+    assert svc.stop() == 0, svc.log()
+    assert "snapshot of 40 sequences" in svc.log()
+
+    cfg, o, svc, port, push = start_replay(settings)
+    assert metric(port, "lbc_replay_sequences") == 40 and "restored 40 sequences" in svc.log()
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(o["endpoints.replay_serve"])
+    dealer.send_multipart(codec.encode("batch_request", {}, meta={"batch_size": "8"}))
+    assert dealer.poll(5000), "no batch from the restored buffer"
+    msg = codec.decode(dealer.recv_multipart(), max_bytes=10**8, expected_kind="batch")
+    assert set(msg.arrays["param_version"].tolist()) <= set(range(40))
+    push.close()
+    dealer.close()
+    assert svc.stop() == 0, svc.log()
