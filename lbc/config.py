@@ -61,6 +61,9 @@ class NetConfig(_Section):
     lstm: int = Field(256, ge=8)
     core: Literal["lstm", "layernorm_lstm"] = Field(
         "layernorm_lstm", description="recurrent core; the plain LSTM saturates on Atari (docs/decisions.md 24)")
+    centre_frames: bool = Field(False, description="subtract each frame's median (its background) before the "
+                                                   "torso, so a bright background does not move with every "
+                                                   "weight of the first convolution (docs/decisions.md 34)")
     init: Literal["torch", "orthogonal"] = Field(
         "torch", description="torso weights: torch's default, or orthogonal with the ReLU gain sqrt(2) and zero "
                              "biases (features ~20x larger at the start; docs/decisions.md 34)")

@@ -196,7 +196,7 @@ class LBCNet(nn.Module):
 
     def __init__(self, torso: str, obs_shape: tuple[int, ...], num_actions: int, num_policies: int,
                  hidden: int = 256, lstm: int = 256, core: str = "layernorm_lstm", extra_inputs: int = 0,
-                 init: str = "torch") -> None:
+                 init: str = "torch", centre_frames: bool = False) -> None:
         super().__init__()
         self.num_actions = num_actions
         self.extra_inputs = extra_inputs
@@ -213,6 +213,7 @@ class LBCNet(nn.Module):
         if init not in ("torch", "orthogonal"):
             raise ValueError(f"unknown init {init!r}")
         self.init = init
+        self.centre_frames = centre_frames
         if init == "orthogonal":
             init_relu_layers(self.torso)
         self.core = CORES[core](hidden + num_actions + 1 + extra_inputs, lstm)
@@ -226,7 +227,12 @@ class LBCNet(nn.Module):
         return self
 
     def _torso_input(self, frames: torch.Tensor) -> torch.Tensor:
-        """uint8 frames [M, *obs_shape] to the torso's float input in [0, 1]."""
+        """uint8 frames [M, C, H, W] to the torso's float input in [0, 1], or with centre_frames each frame
+        less its median in [-1, 1]."""
+        if self.centre_frames:
+            # [M, C]: the background's grey, from every 4th pixel each way (16x faster than all, same on Atari)
+            median = frames[..., ::4, ::4].flatten(2).median(dim=-1).values
+            frames = frames.float().sub_(median.float()[..., None, None])
         if isinstance(self.torso, _ConvTorso):   # lay out the uint8 frames, so the float copy is the only big one
             frames = frames.contiguous(memory_format=self.torso.memory_format)
         return frames.float().div_(255.0)
@@ -303,7 +309,8 @@ def build_net(cfg, obs_shape: tuple[int, ...], num_actions: int) -> LBCNet:
     one-hot mixture index j and the intrinsic reward (lbc.ngu.core_inputs)."""
     extra = cfg.ngu.num_mixtures + 1 if cfg.ngu.enabled else 0
     return LBCNet(cfg.net.torso, obs_shape, num_actions, cfg.num_policies, cfg.net.hidden, cfg.net.lstm,
-                  cfg.net.core, extra_inputs=extra, init=cfg.net.init)
+                  cfg.net.core, extra_inputs=extra, init=cfg.net.init,
+                  centre_frames=cfg.net.centre_frames)
 
 
 def build_agent(cfg, obs_shape: tuple[int, ...], num_actions: int) -> nn.Module:

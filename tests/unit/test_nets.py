@@ -170,3 +170,19 @@ def test_the_learner_counts_dead_units_on_the_batch():
         trainer.model.torso.convs[0].bias.fill_(-1e3)   # every first-layer unit negative: the net is blind
     dead = trainer.torso_dead_units(batch)
     assert dead["convs.1"] == 1.0 and dead["convs.3"] > alive["convs.3"]
+
+
+def test_centred_frames_put_the_background_at_zero():
+    cfg = load_config("cpu", ["net.centre_frames=true"])
+    spec = env_spec(cfg.env)
+    net = build_net(cfg, spec.obs_shape, spec.num_actions)
+    frames = torch.full((2, *spec.obs_shape), 87, dtype=torch.uint8)   # Pong's brown, as grey
+    frames[0, :, 10:12, 40] = 236                                       # a ball
+    frames[1, 3] = 0                                                    # a black frame in the stack
+    x = net._torso_input(frames)
+    assert x.shape == frames.shape and x.dtype == torch.float32
+    torch.testing.assert_close(x[0, :, 10, 40], torch.full((4,), (236 - 87) / 255))
+    x[0, :, 10:12, 40] = 0.0
+    assert not x.any()                                                  # every background pixel is 0
+    plain = build_net(load_config("cpu"), spec.obs_shape, spec.num_actions)._torso_input(frames)
+    torch.testing.assert_close(plain[1, 0], torch.full((84, 84), 87 / 255))
