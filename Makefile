@@ -10,6 +10,7 @@ ACTORS      ?= 1
 NAME        ?= $(PRESET)-$(GAME)
 ARGS        ?=
 FRAMES      ?= 5000000
+MINUTES     ?= 30
 # Images: podman as it runs on this kind of machine (no daemon, vfs storage, cgroupfs).
 PODMAN      ?= podman --storage-driver vfs --cgroup-manager cgroupfs --runtime runc
 PODMAN_RUN  ?= --ulimit nofile=1024:1024 --ulimit nproc=1024:1024
@@ -18,7 +19,7 @@ IMAGE       ?= localhost/lbc:0.1.0$(if $(filter gpu,$(VARIANT)),-gpu,)
 BASE        ?= localhost/debian-python:bookworm
 IMAGE_DIR   := build/image
 
-.PHONY: help run curve test bench lint proto install clean image image-smoke base-image wheelhouse test-tools
+.PHONY: help run curve test bench soak lint proto install clean image image-smoke base-image wheelhouse test-tools
 
 help:
 	@echo "make run     train on this machine: PRESET=$(PRESET) GAME=$(GAME) ACTORS=$(ACTORS) NAME=$(NAME) ARGS='...'"
@@ -27,6 +28,7 @@ help:
 	@echo "make curve   a learning run for FRAMES=$(FRAMES) emulator frames, then its plot and table (lbc report)"
 	@echo "make test    lint and the whole test suite (about 13 minutes on two cores)"
 	@echo "make bench   throughput of the whole system and of each stage"
+	@echo "make soak    MINUTES=$(MINUTES) of Catch, each service's memory growth in MB/min"
 	@echo "make image   the container image (VARIANT=cpu|gpu); kubectl apply -k k8s/ deploys it"
 	@echo "make install the virtual environment (.venv) alone"
 
@@ -68,6 +70,10 @@ test: install test-tools
 
 bench: install
 	$(PY) -m bench.throughput --preset $(PRESET) --game $(GAME) $(ARGS)
+
+# Memory over time: Catch for MINUTES minutes, each service's RSS slope in MB/min (not part of make test).
+soak: install
+	$(PY) -m bench.soak --minutes $(MINUTES) $(ARGS)
 
 # A Debian bookworm base with Python 3.11, made locally (no registry needed): debootstrap + podman import.
 base-image:

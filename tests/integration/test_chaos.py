@@ -16,29 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from lbc.procs import services
 from tests.support import REPO, launcher_endpoint_args
 
 CHECKPOINT_EVERY = 20
-SERVICES = {   # the launcher's name for a service -> what its command line holds
-    "learner": ["learner_svc"], "replay": ["replay_svc"], "bandit": ["bandit_svc"],
-    "actor-0": ["actor_svc", "actor-0"], "evaluator": ["actor_svc", "eval"],
-}
-
-
-def _pid_of(launcher: int, name: str) -> int | None:
-    """The launcher's child process running `name` now (restarts get new pids)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        words = [a.decode() for a in argv]
-        if ppid == launcher and all(any(w == x or w.endswith(x) for w in words) for x in SERVICES[name]):
-            return int(entry.name)
-    return None
+SERVICES = ("learner", "replay", "bandit", "actor-0", "evaluator")
 
 
 def _records(run: Path) -> list[dict]:
@@ -81,7 +63,7 @@ def test_sigkill_of_any_service_at_random_moments_does_not_stop_training(tmp_pat
         newest_checkpoint = None
         for name in order:
             time.sleep(rng.uniform(0.5, 8.0))
-            pid = _pid_of(launcher.pid, name)
+            pid = services(launcher.pid).get(name)
             assert pid is not None, f"no running {name}; launcher said:\n{''.join(out)[-3000:]}"
             if name == "learner":
                 newest_checkpoint = max((run / "checkpoints").glob("ckpt-*.pt"))
