@@ -19,7 +19,7 @@ IMAGE       ?= localhost/lbc:0.1.0$(if $(filter gpu,$(VARIANT)),-gpu,)
 BASE        ?= localhost/debian-python:bookworm
 IMAGE_DIR   := build/image
 
-.PHONY: help run curve test bench soak lint proto install clean image image-smoke base-image wheelhouse test-tools
+.PHONY: help run curve test test-fast bench soak lint proto install clean image image-smoke base-image wheelhouse test-tools
 
 help:
 	@echo "make run     train on this machine: PRESET=$(PRESET) GAME=$(GAME) ACTORS=$(ACTORS) NAME=$(NAME) ARGS='...'"
@@ -27,6 +27,7 @@ help:
 	@echo "              all of them: .venv/bin/python -m lbc.launch --help)"
 	@echo "make curve   a learning run for FRAMES=$(FRAMES) emulator frames, then its plot and table (lbc report)"
 	@echo "make test    lint and the whole test suite (about 13 minutes on two cores)"
+	@echo "make test-fast  lint and the unit tests not marked slow (about a minute): the inner loop"
 	@echo "make bench   throughput of the whole system and of each stage"
 	@echo "make soak    MINUTES=$(MINUTES) of Catch, each service's memory growth in MB/min"
 	@echo "make image   the container image (VARIANT=cpu|gpu); kubectl apply -k k8s/ deploys it"
@@ -67,6 +68,11 @@ test-tools:
 test: install test-tools
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests
+
+# The inner loop: lint and the unit tests not marked slow (about a minute); make test is what CI runs.
+test-fast: install
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -m "not slow" tests/unit
 
 bench: install
 	$(PY) -m bench.throughput --preset $(PRESET) --game $(GAME) $(ARGS)

@@ -18,6 +18,7 @@ def _dot_frames(positions: torch.Tensor) -> torch.Tensor:
     return obs
 
 
+@pytest.mark.slow
 def test_inverse_dynamics_learns_which_action_moved_the_agent() -> None:
     """Four actions move a block up/down/left/right by 6 pixels; f and h learn to tell them apart
     from (x_t, x_{t+1}) alone, which is what makes f keep only what the agent controls."""

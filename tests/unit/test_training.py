@@ -37,6 +37,7 @@ def test_schedule_warms_up_then_anneals_to_zero():
     assert schedule_factor(0, 0, 100) == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("core", ["lstm", "layernorm_lstm"])
 def test_trainer_fits_a_fixed_batch(core):
     """The value regression alone (V-trace targets) on one batch: its loss must fall. (With the Q and
