@@ -87,17 +87,26 @@ def load_run(path: Path) -> Run:
     return Run(name=path.name, preset=config.get("preset", "?"), game=game, metrics=metrics, evals=evals)
 
 
+LAYER_STYLES = ("-", "--", ":")   # the torso's ReLU layers in order: first convolution, second, features
+
+
 def plot(runs: list[Run], out: Path) -> Path:
-    """Two panels against frames: training return100 and evaluation score (mean, with its std as a band)."""
+    """Panels against frames: training return100, evaluation score (mean, with its std as a band), and
+    where the runs recorded them the shares of the torso's dead units (decision 34), one line style per
+    layer."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     games = sorted({r.game for r in runs})
-    fig, axes = plt.subplots(len(games), 2, figsize=(12, 4 * len(games)), squeeze=False)
+    with_dead = any(m.get("dead_units") for r in runs for m in r.metrics)
+    columns = 3 if with_dead else 2
+    fig, axes = plt.subplots(len(games), columns, figsize=(6 * columns, 4 * len(games)), squeeze=False)
     for row, game in enumerate(games):
-        ax_train, ax_eval = axes[row]
+        ax_train, ax_eval = axes[row][:2]
+        if with_dead:
+            _plot_dead_units(axes[row][2], [r for r in runs if r.game == game], game)
         for i, run in enumerate(r for r in runs if r.game == game):
             colour = f"C{i % 10}"
             train = [(m["frames"], m["mean_return_100"]) for m in run.metrics if m.get("mean_return_100") is not None]
@@ -122,6 +131,24 @@ def plot(runs: list[Run], out: Path) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def _plot_dead_units(ax, runs: list[Run], game: str) -> None:
+    for i, run in enumerate(runs):
+        layers = sorted({layer for m in run.metrics for layer in (m.get("dead_units") or {})},
+                        key=lambda name: [int(p) if p.isdigit() else p for p in name.split(".")])
+        for layer, style in zip(layers, LAYER_STYLES, strict=False):
+            points = [(m["frames"], m["dead_units"][layer]) for m in run.metrics
+                      if layer in (m.get("dead_units") or {})]
+            x, y = zip(*points, strict=True)
+            ax.plot(np.array(x) / 1e6, y, style, color=f"C{i % 10}", label=f"{run.name} {layer}")
+    ax.set_title(f"{game}: torso units dead on a batch")
+    ax.set_xlabel("frames (millions)")
+    ax.set_ylabel("share of the layer")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7)
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:

@@ -111,3 +111,18 @@ def test_play_writes_a_video_of_the_frames_played(tmp_path, capsys):
     assert frames[0].shape == (210, 160, 3) and frames[-1].std() > 0
     with pytest.raises(SystemExit, match="versions kept: \\[3\\]"):
         play_cli(build_parser().parse_args(["play", str(run), "--version", "99"]))
+
+
+def test_dead_torso_units_get_their_own_panel(tmp_path):
+    _write_run(tmp_path / "plain", "cpu", "pong", [-21.0, -20.5], [(0, -21.0)])
+    _write_run(tmp_path / "probed", "cpu", "pong", [-21.0, -20.5], [(0, -21.0)])
+    with (tmp_path / "probed" / "metrics.jsonl").open("a") as f:   # after the cut record: a fresh line
+        f.write("\n")
+        for i, dead in enumerate([0.1, 0.5, 1.0]):
+            f.write(json.dumps({"time": 2000.0 + i, "frames": 300_000.0 + 1e5 * i, "mean_return_100": -21.0,
+                                "dead_units": {"convs.1": dead, "convs.3": dead / 2, "fc.1": 0.9}}) + "\n")
+    widths = {}
+    for name in ("plain", "probed"):
+        assert main(["report", str(tmp_path / name), "--out", str(tmp_path / "out"), "--name", name]) == 0
+        widths[name] = np.asarray(Image.open(tmp_path / "out" / f"{name}.png")).shape[1]
+    assert widths["probed"] == widths["plain"] * 3 // 2   # a third panel beside the two
