@@ -23,6 +23,7 @@ from lbc.behaviour import psi_problem
 from lbc.config import Config
 from lbc.params import load_blob
 from lbc.peers import BanditClient, ParameterClient
+from lbc.security import channel_credentials_of, secure_client_socket
 from lbc.service import Backoff
 
 log = logging.getLogger("actor")
@@ -37,7 +38,8 @@ SEND_BLOCKED = Counter("lbc_actor_send_blocked_seconds_total", "Seconds waiting 
 
 class ParamPuller:
     def __init__(self, cfg: Config, actor_id: str, model: torch.nn.Module) -> None:
-        self.client = ParameterClient(cfg.endpoints.params, actor_id, cfg.endpoints.rpc_timeout_s)
+        self.client = ParameterClient(cfg.endpoints.params, actor_id, cfg.endpoints.rpc_timeout_s,
+                                      channel_credentials_of(cfg))
         self.model = model
         self.version = -1
         self.backoff = Backoff(initial=0.5)
@@ -101,7 +103,8 @@ class BehaviourSource:
         # Agent57: the bandit chooses j, so a reply without a valid one is refused
         self.num_mixtures = cfg.ngu.num_mixtures if cfg.bandit.algorithm == "sliding_window_ucb" else 0
         self.default = EpisodeBehaviour("", [cfg.behaviour.fixed_tau] * n, [1.0 / n] * n)
-        self.client = BanditClient(cfg.endpoints.bandit, min(cfg.endpoints.rpc_timeout_s, 1.0)) \
+        self.client = BanditClient(cfg.endpoints.bandit, min(cfg.endpoints.rpc_timeout_s, 1.0),
+                                   channel_credentials_of(cfg)) \
             if cfg.behaviour.controlled else None
         self.backoff = Backoff(initial=0.5)
 
@@ -155,6 +158,7 @@ class SequenceSender:
         self.sock.setsockopt(zmq.SNDHWM, 8)
         self.sock.setsockopt(zmq.IMMEDIATE, 1)   # queue only to a live connection
         self.sock.setsockopt(zmq.LINGER, 0)
+        secure_client_socket(self.sock, cfg)
         self.sock.connect(cfg.endpoints.replay_ingest)
         self.actor_id = actor_id
         self.stop = stop

@@ -11,6 +11,7 @@ from prometheus_client import Counter, Gauge
 
 from bandit_svc.state import BanditState, UnknownEpisode
 from lbc.config import Config
+from lbc.security import server_credentials_of
 from lbc.service import (
     base_parser,
     config_from_args,
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, KeyError) as exc:
         raise SystemExit(f"cannot restore bandit snapshot {snapshot}: {exc}") from None
 
-    server, health = grpc_server(listen_address(cfg.endpoints.bandit, cfg.endpoints.bind_host))
+    server, health = grpc_server(listen_address(cfg.endpoints.bandit, cfg.endpoints.bind_host),
+                                 credentials=server_credentials_of(cfg))
     lbc_pb2_grpc.add_BanditServiceServicer_to_server(BanditServicer(state), server)
     server.start()
     set_serving(health, ["lbc.v1.BanditService"])

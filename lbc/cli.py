@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -74,6 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--service", default="", help="health name, e.g. lbc.v1.ParameterService (default: the server)")
     check.add_argument("--wait", type=float, default=0.0,
                        help="keep asking for up to this many seconds (default 0: ask once)")
+    check.add_argument("--certs", default=None,
+                       help="the run's certificate folder, for a server with security.enabled (default: plain)")
+
+    certs = sub.add_parser("certs", help="make a run's certificates and keys (security.enabled)",
+                           description="A certificate authority, server and client certificates for mutual TLS on "
+                                       "gRPC, and CURVE key pairs for ZeroMQ, in one folder (lbc/security.py). "
+                                       "On Kubernetes: kubectl -n lbc create secret generic lbc-certs "
+                                       "--from-file=DIR --from-file=DIR/curve ... (see the README)",
+                           formatter_class=_DefaultsHelp)
+    certs.add_argument("directory", help="folder to write, e.g. runs/cpu-pong/certs")
+    certs.add_argument("--host", action="append", default=None,
+                       help="a name the servers answer to (repeatable; default: localhost, 127.0.0.1 and the "
+                            "cluster's Service names)")
 
     rep = sub.add_parser("report", help="learning curves (PNG) and a markdown summary of run folders",
                          description="Plots training return and evaluation score against frames, one line per run, "
@@ -99,7 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
 def health(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.wait
     status = "UNREACHABLE"
-    with grpc.insecure_channel(args.address) as channel:
+    from lbc.peers import open_channel
+    from lbc.security import channel_credentials
+
+    credentials = channel_credentials(Path(args.certs)) if args.certs else None
+    with open_channel(args.address, credentials) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:
@@ -193,6 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         return scale(args)
     if args.command == "health":
         return health(args)
+    if args.command == "certs":
+        from lbc.security import DEFAULT_HOSTS, make_certificates
+
+        make_certificates(Path(args.directory), tuple(args.host) if args.host else DEFAULT_HOSTS)
+        print(f"wrote the run's CA, server and client certificates and CURVE keys to {args.directory}")
+        return 0
     if args.command == "report":
         from lbc.report import report  # matplotlib only where a report is made
 

@@ -12,6 +12,7 @@ import difflib
 import json
 import math
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -267,6 +268,14 @@ def endpoint_port(endpoint: str) -> int:
 PORT_BASE_SPAN = 300
 
 
+class SecurityConfig(_Section):
+    """Mutual TLS on the gRPC APIs and CURVE on replay's ZeroMQ sockets (lbc.security)."""
+
+    enabled: bool = Field(False, description="only holders of the run's certificates and keys may connect; health-"
+                                             "only ports stay plain (Kubernetes probes speak no TLS)")
+    certs_dir: str = Field("", description="the run's certificates (lbc certs DIR); empty: <run_dir>/certs")
+
+
 def endpoints_from_base(base: int) -> list[str]:
     """--set overrides placing every endpoint on loopback relative to one base port."""
     if not 1024 <= base <= 65535 - PORT_BASE_SPAN:
@@ -303,6 +312,11 @@ class Config(BaseSettings):
     ngu: NguConfig = NguConfig()
     eval: EvalConfig = EvalConfig()
     endpoints: Endpoints = Endpoints()
+    security: SecurityConfig = SecurityConfig()
+
+    @property
+    def certs_path(self) -> Path:
+        return Path(self.security.certs_dir or Path(self.run_dir) / "certs")
 
     @property
     def num_policies(self) -> int:

@@ -317,6 +317,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    if cfg.security.enabled:
+        from lbc.security import check_certificates, make_certificates
+
+        if not cfg.certs_path.exists():
+            make_certificates(cfg.certs_path)
+            print(f"lbc: made the run's certificate authority, certificates and CURVE keys in {cfg.certs_path}",
+                  flush=True)
+        try:
+            check_certificates(cfg.certs_path)
+        except ValueError as exc:
+            print(f"lbc: {exc}", file=sys.stderr)
+            return 2
     children = build_children(args, overrides, run_dir, cfg)
 
     stopping = False

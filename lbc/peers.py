@@ -11,9 +11,17 @@ _OPTIONS = [("grpc.max_receive_message_length", 8 << 20), ("grpc.enable_retries"
             ("grpc.keepalive_time_ms", 20_000)]
 
 
+def open_channel(address: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
+    """A channel to `address`: mutual TLS with credentials (lbc.security), plain without."""
+    if credentials is None:
+        return grpc.insecure_channel(address, options=_OPTIONS)
+    return grpc.secure_channel(address, credentials, options=_OPTIONS)
+
+
 class ParameterClient:
-    def __init__(self, address: str, caller: str, timeout_s: float) -> None:
-        self.channel = grpc.insecure_channel(address, options=_OPTIONS)
+    def __init__(self, address: str, caller: str, timeout_s: float,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        self.channel = open_channel(address, credentials)
         self.stub = lbc_pb2_grpc.ParameterServiceStub(self.channel)
         self.caller = caller
         self.timeout_s = timeout_s
@@ -33,8 +41,8 @@ class ParameterClient:
 
 
 class BanditClient:
-    def __init__(self, address: str, timeout_s: float) -> None:
-        self.channel = grpc.insecure_channel(address, options=_OPTIONS)
+    def __init__(self, address: str, timeout_s: float, credentials: grpc.ChannelCredentials | None = None) -> None:
+        self.channel = open_channel(address, credentials)
         self.stub = lbc_pb2_grpc.BanditServiceStub(self.channel)
         self.timeout_s = timeout_s
 

@@ -35,9 +35,16 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> Config:
     try:
-        return load_config(args.preset, args.overrides)
+        cfg = load_config(args.preset, args.overrides)
     except Exception as exc:  # pydantic's message names the field; show it and stop
         raise SystemExit(f"invalid configuration:\n{exc}") from None
+    if cfg.security.enabled:
+        from lbc.security import check_certificates
+        try:
+            check_certificates(cfg.certs_path)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+    return cfg
 
 
 def setup_logging(name: str, level: str) -> logging.Logger:
@@ -99,12 +106,15 @@ def zmq_bind_address(endpoint: str, host: str) -> str:
     return f"tcp://{'*' if host in ('0.0.0.0', '::') else host}:{endpoint_port(endpoint)}"
 
 
-def grpc_server(address: str, workers: int = 8) -> tuple[grpc.Server, health.HealthServicer]:
-    """A gRPC server with the standard health service registered; call set_serving() once ready."""
+def grpc_server(address: str, workers: int = 8,
+                credentials: grpc.ServerCredentials | None = None) -> tuple[grpc.Server, health.HealthServicer]:
+    """A gRPC server with the standard health service registered; call set_serving() once ready. With
+    credentials (lbc.security) it speaks only mutual TLS."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if server.add_insecure_port(address) == 0:
+    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    if port == 0:
         raise SystemExit(f"cannot listen on {address}")
     return server, health_servicer
 

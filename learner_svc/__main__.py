@@ -12,6 +12,7 @@ from prometheus_client import Counter, Gauge
 from lbc.config import Config
 from lbc.files import remove_stale_temporaries
 from lbc.params import shapes, to_blob
+from lbc.security import server_credentials_of
 from lbc.service import (
     base_parser,
     config_from_args,
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     VERSION.set(counters.version)
     # metrics first: whoever sees the new parameters can also read the version and step they come with
     start_metrics(cfg.endpoints.learner_metrics, cfg.endpoints.bind_host)
-    server, health = grpc_server(listen_address(cfg.endpoints.params, cfg.endpoints.bind_host))
+    server, health = grpc_server(listen_address(cfg.endpoints.params, cfg.endpoints.bind_host),
+                                 credentials=server_credentials_of(cfg))
     servicer = ParameterServicer(store, shapes(trainer.agent), cfg.learner.accept_pushes,
                                  max_push_bytes=2 * len(blob) + (1 << 20))
     lbc_pb2_grpc.add_ParameterServiceServicer_to_server(servicer, server)

@@ -18,6 +18,7 @@ from prometheus_client import Counter, Histogram
 
 from lbc import codec
 from lbc.config import Config
+from lbc.security import secure_client_socket
 from lbc.sequences import validate_batch
 
 log = logging.getLogger("learner")
@@ -60,6 +61,7 @@ class BatchFetcher:
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        secure_client_socket(sock, self.cfg)
         sock.connect(self.cfg.endpoints.replay_serve)
         request = codec.encode("batch_request", {}, meta={"batch_size": str(self.batch_size)})
         pending = False

@@ -15,6 +15,7 @@ from prometheus_client import Counter, Gauge
 from lbc import codec
 from lbc.config import Config
 from lbc.files import remove_stale_temporaries
+from lbc.security import secure_server_socket
 from lbc.sequences import stack, validate_sequence
 from lbc.service import (
     base_parser,
@@ -123,10 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     ingest.setsockopt(zmq.RCVHWM, 16)
     ingest.setsockopt(zmq.MAXMSGSIZE, rc.max_message_bytes)
     ingest.setsockopt(zmq.LINGER, 0)
+    secure_server_socket(ingest, cfg)
     ingest.bind(zmq_bind_address(cfg.endpoints.replay_ingest, cfg.endpoints.bind_host))
     serve = ctx.socket(zmq.ROUTER)
     serve.setsockopt(zmq.LINGER, 0)
     serve.setsockopt(zmq.MAXMSGSIZE, 1 << 16)
+    secure_server_socket(serve, cfg)
     serve.bind(zmq_bind_address(cfg.endpoints.replay_serve, cfg.endpoints.bind_host))
 
     server, health = grpc_server(listen_address(cfg.endpoints.replay_health, cfg.endpoints.bind_host), workers=2)
