@@ -167,6 +167,12 @@ def test_probes_point_at_real_ports_and_health_names(overlay: str) -> None:
                 if service:   # the name the service marks SERVING when ready
                     source = (REPO / SERVICE_MODULES[component(w)] / "__main__.py").read_text()
                     assert f'"{service}"' in source, f"{service} is not a health name of {component(w)}"
+            elif "exec" in probe:   # security: `lbc health` over mutual TLS, on the container's gRPC port
+                command = probe["exec"]["command"]
+                assert command[:4] == ["python", "-m", "lbc.cli", "health"]
+                assert int(command[4].rsplit(":", 1)[1]) == declared["grpc"]
+                args = cli.build_parser().parse_args(command[3:])
+                assert args.certs == "/certs" and args.wait == 0
             else:
                 assert probe["httpGet"]["port"] in declared
 
@@ -268,3 +274,28 @@ def test_dev_replay_keeps_its_snapshot_on_a_claim_under_the_run_dir(monkeypatch:
     (mount,) = [m for m in c["volumeMounts"] if m["name"] in claims]
     assert cfg.run_dir.startswith(mount["mountPath"].rstrip("/") + "/")   # the snapshot lands on the claim
     assert named(objects, "PersistentVolumeClaim", claims[mount["name"]])["spec"]["accessModes"] == ["ReadWriteOnce"]
+
+
+def test_secure_overlay_gives_every_service_the_certificates(tmp_path) -> None:
+    from lbc.security import check_certificates, make_certificates
+
+    objects = render("overlays/secure")
+    made = tmp_path / "made"
+    make_certificates(made)
+    for w in workloads(objects):
+        c = container(w)
+        env = container_env(objects, c, "pod-0")
+        assert env["LBC_SECURITY__ENABLED"] == "true", w["metadata"]["name"]
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "certs"]
+        (volume,) = [v for v in w["spec"]["template"]["spec"]["volumes"] if v["name"] == "certs"]
+        assert mount["readOnly"] and mount["mountPath"] == env["LBC_SECURITY__CERTS_DIR"]
+        assert volume["secret"]["secretName"] == "lbc-certs" and volume["secret"]["defaultMode"] == 0o440
+        # lay the Secret out as the kubelet would, from `lbc certs` output named as the component's
+        # kubectl command names it (curve-X is curve/X): a service must find everything it checks for
+        pod = tmp_path / w["metadata"]["name"]
+        for item in volume["secret"]["items"]:
+            assert item["path"] != "ca.key"   # the CA's key never enters the cluster
+            target = pod / item["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes((made / item["key"].replace("curve-", "curve/", 1)).read_bytes())
+        check_certificates(pod)
