@@ -5,6 +5,7 @@ under a rate limiter; the learner sends sequence priorities back on the same soc
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from lbc import codec
 from lbc.config import Config
 from lbc.files import remove_stale_temporaries
 from lbc.security import secure_server_socket
-from lbc.sequences import stack, validate_sequence
+from lbc.sequences import sequence_layout, stack, validate_sequence
 from lbc.service import (
     base_parser,
     config_from_args,
@@ -73,6 +74,12 @@ class RejectLog:
                          f" (and {more} more of this kind since the last line)" if more else "")
 
 
+def largest_frame_bytes(cfg: Config) -> int:
+    """The largest frame a valid sequence message has: its largest array, or a generous header."""
+    arrays = max(np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in sequence_layout(cfg).values())
+    return max(arrays, 1 << 16)
+
+
 def check_priorities(arrays: dict[str, np.ndarray], capacity: int) -> tuple[np.ndarray, np.ndarray]:
     """A learner's priority update: int64 keys and finite, non-negative float32 priorities, same length."""
     keys, priorities = arrays.get("key"), arrays.get("priority")
@@ -122,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     ctx = zmq.Context.instance()
     ingest = ctx.socket(zmq.PULL)
     ingest.setsockopt(zmq.RCVHWM, 16)
-    ingest.setsockopt(zmq.MAXMSGSIZE, rc.max_message_bytes)
+    # ZeroMQ bounds each frame, not a message: bound frames by the layout's largest array, so that a
+    # message of many frames (one per array is all a sequence has) cannot hold gigabytes before decode
+    ingest.setsockopt(zmq.MAXMSGSIZE, min(rc.max_message_bytes, largest_frame_bytes(cfg)))
     ingest.setsockopt(zmq.LINGER, 0)
     secure_server_socket(ingest, cfg)
     ingest.bind(zmq_bind_address(cfg.endpoints.replay_ingest, cfg.endpoints.bind_host))

@@ -176,3 +176,23 @@ def test_a_restarted_replay_serves_from_its_snapshot(start_replay):
     push.close()
     dealer.close()
     assert svc.stop() == 0, svc.log()
+
+
+def test_a_message_of_many_large_frames_is_cut_off_by_zeromq(start_replay):
+    """ZeroMQ bounds frames, not messages: replay bounds each frame by the largest array a sequence has,
+    so a message of 34 frames of 1 MB is dropped by the socket before it is held whole."""
+    from replay_svc.__main__ import largest_frame_bytes
+
+    cfg, o, svc, port, push = start_replay([])
+    assert largest_frame_bytes(cfg) < (1 << 20)
+    header = lbc_pb2.FrameHeader(schema_version=codec.SCHEMA_VERSION, kind="sequence")
+    push.send_multipart([header.SerializeToString(), *[bytes(1 << 20)] * 34])
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        push.send_multipart(codec.encode("sequence", _sequence(cfg, rng)))
+    wait_for(lambda: metric(port, "lbc_replay_inserted_total") >= 32, 20, "inserts after the big message")
+    assert svc.alive()
+    # had it been delivered, the codec would have refused it (34 frames, none in the header) and counted it
+    assert not scrape(port).get("lbc_replay_rejected_total"), scrape(port).get("lbc_replay_rejected_total")
+    push.close()
+    assert svc.stop() == 0, svc.log()
