@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from lbc.ngu_nets import NguAgent, NguAux
-from lbc.recycling import Link, dormant_scores, recycle
+from lbc.recycling import Link, dormant_scores, recycle, unit_activity
 
 
 class _ConvTorso(nn.Module):
@@ -83,21 +83,9 @@ def dead_units(module: nn.Module, x: torch.Tensor) -> dict[str, float]:
     on any of the inputs `x`: a convolution's unit is a channel (at any position), a linear layer's a
     feature. A unit dead on every input gets no gradient and stays dead; a torso whose units all die
     sees nothing (Sokar et al. 2023 call them dormant). Runs `module` once under no_grad."""
-    seen: dict[str, torch.Tensor] = {}
-    hooks = []
-    for name, layer in module.named_modules():
-        if isinstance(layer, nn.ReLU):
-            def keep(_layer: nn.Module, _inputs: tuple, out: torch.Tensor, name: str = name) -> None:
-                fired = out > 0
-                seen[name] = fired.any(0) if fired.dim() == 2 else fired.transpose(0, 1).flatten(1).any(1)
-            hooks.append(layer.register_forward_hook(keep))
-    try:
-        with torch.no_grad():
-            module(x)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return {name: float((~fired).float().mean()) for name, fired in seen.items()}
+    relus = {name: layer for name, layer in module.named_modules() if isinstance(layer, nn.ReLU)}
+    activity = unit_activity(module, x, list(relus.values()))   # ReLU outputs: mean 0 exactly when never > 0
+    return {name: float((a == 0).float().mean()) for name, a in zip(relus, activity, strict=True)}
 
 
 class MlpTorso(nn.Module):

@@ -33,22 +33,29 @@ class Link:
     span: int = 1
 
 
-def dormant_scores(module: nn.Module, x: torch.Tensor, links: list[Link]) -> list[torch.Tensor]:
-    """s_i for every unit of each link's ReLU, from one no-grad pass of `module` on `x`."""
+def unit_activity(module: nn.Module, x: torch.Tensor, relus: list[nn.ReLU]) -> list[torch.Tensor]:
+    """E_x |h_i(x)| for every unit of each of `relus` (modules inside `module`), from one no-grad pass of
+    `module` on `x`; a convolution's unit is a channel, averaged over positions too."""
     activity: dict[int, torch.Tensor] = {}
     hooks = []
-    for n, link in enumerate(links):
+    for n, relu in enumerate(relus):
         def keep(_m: nn.Module, _i: tuple, out: torch.Tensor, n: int = n) -> None:
             a = out.abs()
             activity[n] = a.mean(0) if a.dim() == 2 else a.transpose(0, 1).flatten(1).mean(1)
-        hooks.append(link.relu.register_forward_hook(keep))
+        hooks.append(relu.register_forward_hook(keep))
     try:
         with torch.no_grad():
             module(x)
     finally:
         for hook in hooks:
             hook.remove()
-    return [activity[n] / activity[n].mean().clamp_min(1e-12) for n in range(len(links))]
+    return [activity[n] for n in range(len(relus))]
+
+
+def dormant_scores(module: nn.Module, x: torch.Tensor, links: list[Link]) -> list[torch.Tensor]:
+    """s_i for every unit of each link's ReLU, from one no-grad pass of `module` on `x`."""
+    activity = unit_activity(module, x, [link.relu for link in links])
+    return [a / a.mean().clamp_min(1e-12) for a in activity]
 
 
 def recycle(links: list[Link], scores: list[torch.Tensor], tau: float, optimiser: torch.optim.Optimizer | None,
