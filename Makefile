@@ -26,7 +26,7 @@ help:
 	@echo "             (ARGS: launcher flags, e.g. --resume, --overwrite, --port-base 41000, --duration 1800;"
 	@echo "              all of them: .venv/bin/python -m lbc.launch --help)"
 	@echo "make curve   a learning run for FRAMES=$(FRAMES) emulator frames, then its plot and table (lbc report)"
-	@echo "make test    lint and the whole test suite (about 13 minutes on two cores)"
+	@echo "make test    lint and the whole test suite (about 15 minutes on two cores)"
 	@echo "make test-fast  lint and the unit tests not marked slow (about a minute): the inner loop"
 	@echo "make bench   throughput of the whole system and of each stage"
 	@echo "make soak    MINUTES=$(MINUTES) of Catch, each service's memory growth in MB/min"
