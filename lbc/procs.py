@@ -1,9 +1,9 @@
 """The launcher's services as processes: which child runs which service now (a restart changes the
-pid) and how much memory each holds. Linux only (reads /proc); used by `make soak` and the chaos test."""
+pid) and how much memory each holds (psutil); used by `make soak` and the chaos test."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import psutil
 
 _MODULES = {"learner_svc": "learner", "replay_svc": "replay", "bandit_svc": "bandit"}
 
@@ -26,25 +26,23 @@ def service_name(argv: list[str]) -> str | None:
 def services(launcher_pid: int) -> dict[str, int]:
     """Service name -> pid of the launcher's children running now."""
     found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    try:
+        children = psutil.Process(launcher_pid).children()
+    except psutil.NoSuchProcess:
+        return found
+    for child in children:
         try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = [a.decode() for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
-        except (OSError, IndexError, ValueError):
+            name = service_name(child.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue   # gone meanwhile
-        if ppid == launcher_pid and (name := service_name(argv)) is not None:
-            found[name] = int(entry.name)
+        if name is not None:
+            found[name] = child.pid
     return found
 
 
 def rss_mb(pid: int) -> float | None:
-    """Resident memory of `pid` in MB (VmRSS), or None when it is gone."""
+    """Resident memory of `pid` in MB, or None when it is gone."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
+        return psutil.Process(pid).memory_info().rss / 2**20
+    except psutil.NoSuchProcess:
         return None
-    return None

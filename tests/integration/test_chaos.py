@@ -14,10 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from lbc.procs import services
-from tests.support import REPO, launcher_endpoint_args
+from tests.support import REPO, launcher_endpoint_args, wait_for
 
 CHECKPOINT_EVERY = 20
 SERVICES = ("learner", "replay", "bandit", "actor-0", "evaluator")
@@ -28,16 +26,6 @@ def _records(run: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_sigkill_of_any_service_at_random_moments_does_not_stop_training(tmp_path):
     seed = int(os.environ.get("LBC_CHAOS_SEED", random.SystemRandom().randrange(2**31)))
     print(f"chaos seed {seed} (LBC_CHAOS_SEED={seed} replays it)")
@@ -56,7 +44,7 @@ def test_sigkill_of_any_service_at_random_moments_does_not_stop_training(tmp_pat
         return records[-1]["learner_steps"] or 0 if records else 0
 
     try:
-        _wait(lambda: steps() > 40, 150, "40 learner steps")
+        wait_for(lambda: steps() > 40, 150, "40 learner steps")
         order = list(SERVICES)
         rng.shuffle(order)
         killed_at: dict[str, float] = {}
@@ -70,9 +58,9 @@ def test_sigkill_of_any_service_at_random_moments_does_not_stop_training(tmp_pat
             os.kill(pid, signal.SIGKILL)
             killed_at[name] = steps()
         before = max(killed_at.values())
-        _wait(lambda: steps() > before + 30, 150, "30 learner steps after the last kill")
+        wait_for(lambda: steps() > before + 30, 150, "30 learner steps after the last kill")
         frames = _records(run)[-1]["frames"]
-        _wait(lambda: _records(run)[-1]["frames"] > frames, 60, "frames after the last kill")
+        wait_for(lambda: _records(run)[-1]["frames"] > frames, 60, "frames after the last kill")
         assert launcher.poll() is None, "".join(out)[-3000:]
         for name in SERVICES:
             assert f"lbc: {name} exited with -9" in "".join(out), f"{name} was not restarted"
