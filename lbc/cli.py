@@ -5,6 +5,7 @@ service's gRPC health check. Training on one machine is `make run` (python -m lb
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import threading
 import time
@@ -96,6 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("runs", nargs="+", help="run folders, e.g. runs/cpu-breakout")
     rep.add_argument("--out", default=None, help="folder for the files (default: the first run's parent, e.g. runs/)")
     rep.add_argument("--name", default="report", help="file name stem: <out>/<name>.png and <name>.md (default report)")
+
+    config = sub.add_parser("config", help="the resolved configuration of a preset with overrides",
+                            description="Prints the configuration a service would start with: the defaults, the "
+                                        "preset (lbc/presets.py), LBC_* environment variables and --set overrides, "
+                                        "validated.")
+    config.add_argument("action", choices=["show"])
+    config.add_argument("--preset", default=None, help="a preset name (default: $LBC_PRESET, else cpu)")
+    config.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a field, e.g. --set learner.batch_size=8 (repeatable)")
+    config.add_argument("--section", default=None, help="print only this section, e.g. learner")
 
     play = sub.add_parser("play", help="watch a trained agent: play a checkpoint, print scores, write an mp4",
                           description="Loads a run's checkpoint (weights only), plays its evaluation policy on the "
@@ -205,6 +216,23 @@ def autoscale(args: argparse.Namespace, stop: threading.Event | None = None) -> 
     return 0
 
 
+def show_config(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from lbc.config import load_config
+
+    try:
+        resolved = load_config(args.preset, args.overrides).model_dump(mode="json")
+    except (ValidationError, ValueError) as exc:
+        raise SystemExit(f"lbc config: {exc}") from None
+    if args.section is not None:
+        if args.section not in resolved:
+            raise SystemExit(f"lbc config: no section {args.section!r}; sections: {', '.join(resolved)}")
+        resolved = {args.section: resolved[args.section]}
+    print(json.dumps(resolved, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "scale":
@@ -227,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {png} and {md}")
         print(md.read_text())
         return 0
+    if args.command == "config":
+        return show_config(args)
     if args.command == "play":
         from lbc.play import play_cli
 

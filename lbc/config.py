@@ -18,6 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from lbc.presets import PRESETS
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -60,8 +62,9 @@ class NetConfig(_Section):
     torso: Literal["small", "deep", "mlp"] = "small"
     hidden: int = Field(256, ge=8)
     lstm: int = Field(256, ge=8)
-    core: Literal["lstm", "layernorm_lstm"] = Field(
-        "layernorm_lstm", description="recurrent core; the plain LSTM saturates on Atari (docs/decisions.md 24)")
+    core: Literal["lstm", "layernorm_lstm", "feedforward"] = Field(
+        "layernorm_lstm", description="recurrent core; the plain LSTM saturates on Atari (docs/decisions.md 24); "
+        "feedforward: none, the heads read the torso's features (docs/decisions.md 35)")
     centre_frames: bool = Field(False, description="subtract each frame's median (its background) before the "
                                                    "torso, so a bright background does not move with every "
                                                    "weight of the first convolution (docs/decisions.md 34)")
@@ -172,6 +175,8 @@ class LearnerConfig(_Section):
         "softmax", description="pi_i = softmax(A_i) (LBC as printed), softmax(tau_i A_i) with the episode's tau_i "
                                "(DiCE), or the episode's whole behaviour mixture for every policy (GDI)")
     centre_q: bool = Field(False, description="Q = V + A - E_pi[A] (GDI) instead of Q = V + A (LBC)")
+    standardise_advantages: bool = Field(False, description="policy gradient on the batch's advantages less their "
+                                         "mean, over their std, per policy (PPO's normalisation)")
     min_target_tau: float = Field(0.05, gt=0.0, description="floor on tau_i in the target policy")
     threads: int = Field(1, ge=1, description="intra-op threads of the learner")
     split_batch: int = Field(1, ge=1, description="parts of each batch computed at once in threads (one "
@@ -391,6 +396,9 @@ class Config(BaseSettings):
             raise ValueError("ngu.gamma_min must not exceed ngu.gamma_max")
         if self.ngu.aux_steps > self.sequence.length:
             raise ValueError("ngu.aux_steps cannot exceed sequence.length")
+        if self.net.core == "feedforward":
+            raise ValueError("ngu.enabled needs a recurrent net.core: the network reads j and the intrinsic "
+                             "reward through its core")
 
     @classmethod
     def settings_customise_sources(
@@ -423,184 +431,6 @@ def unknown_name(kind: str, name: str, known: list[str]) -> str:
     hint = f"did you mean {' or '.join(close)}?" if close else \
         (f"known: {', '.join(known)}" if len(known) <= 20 else f"{len(known)} known, e.g. {', '.join(known[:3])}")
     return f"unknown {kind} {name!r}: {hint}"
-
-
-_LBC_POLICIES = [
-    {"gamma": 0.997, "reward_shaping": "rs1"},
-    {"gamma": 0.999, "reward_shaping": "rs2"},
-    {"gamma": 0.99, "reward_shaping": "rs3"},
-]
-
-# LBC Table 3 at the paper's scale: needs a GPU learner.
-_PAPER: dict[str, Any] = {
-    "policies": _LBC_POLICIES,
-    "net": {"torso": "deep"},
-    "sequence": {"burn_in": 40, "length": 80},
-    "replay": {"replay_ratio": 2.0, "capacity_sequences": 50_000, "capacity_bytes": 60_000_000_000,
-               "min_sequences": 1_000},
-    "learner": {"batch_size": 64, "learning_rate": 5.3e-4, "warmup_steps": 4000},
-    "actor": {"pull_every": 64},
-    "env": {"num_envs": 32},
-}
-
-# The embedded default: LBC-BM sized for two cores and no GPU (DESIGN §6).
-_CPU: dict[str, Any] = {
-    "policies": _LBC_POLICIES,
-    "net": {"torso": "small"},
-    "sequence": {"burn_in": 10, "length": 20},
-    "replay": {"replay_ratio": 2.0, "capacity_sequences": 2_000, "capacity_bytes": 2_500_000_000,
-               "min_sequences": 64},
-    # The learner bounds throughput and the actor leaves ~half a core idle. Two halves of each batch in
-    # two threads of one intra-op thread each use that half core better than two intra-op threads,
-    # whose barriers wait on the actor (measured: 15% more learner steps/s beside a 60% load).
-    "learner": {"batch_size": 16, "learning_rate": 5.3e-4, "warmup_steps": 200, "anneal_steps": 200_000,
-                "checkpoint_every": 500, "threads": 1, "split_batch": 2},
-    "actor": {"pull_every": 64},
-    "env": {"num_envs": 16},
-}
-
-# IMPALA (Espeholt et al. 2018): one policy, V-trace actor-critic, entropy bonus, clipped rewards,
-# no behaviour control.
-# The Atari table of IMPALA (App. G): unroll 20, batch 32, RMSProp (decay 0.99, eps 0.01, no momentum),
-# learning rate 6e-4 annealed linearly, baseline 0.5, entropy 0.01, clip 40, gamma 0.99.
-_IMPALA: dict[str, Any] = {
-    "policies": [{"gamma": 0.99, "reward_shaping": "clip"}],
-    "net": {"torso": "small"},
-    "behaviour": {"controlled": False, "fixed_tau": 1.0},
-    "sequence": {"burn_in": 0, "length": 20},
-    "replay": {"replay_ratio": 1.0, "capacity_sequences": 500, "min_sequences": 32},
-    "learner": {"batch_size": 32, "optimiser": "rmsprop", "learning_rate": 6e-4, "warmup_steps": 0,
-                "anneal_steps": 200_000, "weight_decay": 0.0, "rmsprop_decay": 0.99, "rmsprop_eps": 0.01,
-                "rmsprop_momentum": 0.0, "loss_reduction": "sum", "v_loss_scale": 0.5, "q_loss_scale": 0.0,
-                "pi_loss_scale": 1.0, "entropy_cost": 0.01, "rho_bar": 1.0, "c_bar": 1.0, "clip_norm": 40.0,
-                "threads": 1, "split_batch": 2},
-    # IMPALA's Atari table ends an episode on a life loss (for learning; scores are whole games)
-    "env": {"num_envs": 16, "episodic_life": True},
-}
-
-# IMPALA sized for a CPU (docs/decisions.md 29): the paper's losses, optimiser and life-loss ends, with a batch
-# of 8 (TorchBeast's) so that the learner makes four times the paper's updates per frame; at batch 32 it makes
-# ~2,000 updates in 5M frames and had not moved from random play on Breakout (entropy 2.7 of log 18 = 2.89).
-_IMPALA_CPU: dict[str, Any] = {
-    **_IMPALA,
-    "replay": {**_IMPALA["replay"], "min_sequences": 16},
-    "learner": {**_IMPALA["learner"], "batch_size": 8},
-    "eval": {"every_versions": 20},
-}
-_IMPALA["eval"] = {"every_versions": 5}   # a version every 25 x 640 samples: evaluate about every 320k frames
-
-# LBC's ablations (section 5.3, Fig. 5 / Table 12), on the `cpu` sizing: reduce H (all three policy
-# models are h_1), reduce H and Psi (one policy, psi = tau), random behaviour selection (the bandits
-# never learn). docs/decisions.md 20.
-_LBC_REDUCE_H: dict[str, Any] = {**_CPU, "policies": [_LBC_POLICIES[0]] * 3}
-_LBC_REDUCE_H_PSI: dict[str, Any] = {**_CPU, "policies": [_LBC_POLICIES[0]]}
-_LBC_RANDOM: dict[str, Any] = {**_CPU, "bandit": {"learn": False}}
-
-# DiCE (P1 Table 5) sized like `cpu`: one policy (gamma 0.997, the asymmetric log reward shape = RS_2),
-# behaviour softmax(A / tau_DiCE) with 1/tau_DiCE on [0, 50] chosen per episode by the Bandits Vote
-# Algorithm (7 tile-coded bandits, 7 candidates, value normalisation, UCB 1.0), the target policy at the
-# episode's temperature with the temperature-scaled gradient, no entropy term, loss scales 1 / 10 / 10.
-# Paper scale: --set net.torso=deep sequence.burn_in=40 sequence.length=80 learner.batch_size=64.
-_DICE: dict[str, Any] = {
-    "policies": [{"gamma": 0.997, "reward_shaping": "rs2"}],
-    "net": {"torso": "small"},
-    "behaviour": {"controlled": True, "tau_range": [0.0, 50.0]},
-    "bandit": {"algorithm": "bva", "population": 7, "top_d": 7, "bva_accuracy": 0.1, "bva_ucb_c": 1.0,
-               "normalise_values": True},
-    "sequence": {"burn_in": 10, "length": 20},
-    "replay": _CPU["replay"],
-    "learner": {**_CPU["learner"], "learning_rate": 5e-4, "v_loss_scale": 1.0, "q_loss_scale": 10.0,
-                "pi_loss_scale": 10.0, "entropy_cost": 0.0, "rho_bar": 1.05, "c_bar": 1.05,
-                "target_policy": "behaviour_temperature"},
-    "actor": {"pull_every": 64},
-    "env": {"num_envs": 16},
-}
-# DiCE's ablations (P1 section 4.3): "baseline" fixes tau = 1; "random" never updates the bandits.
-_DICE_FIXED: dict[str, Any] = {**_DICE, "behaviour": {"controlled": False, "fixed_tau": 1.0}}
-_DICE_RANDOM: dict[str, Any] = {**_DICE, "bandit": {**_DICE["bandit"], "learn": False}}
-
-# GDI (P2, Table 6) sized like `cpu`: behaviour eps softmax(A_1/tau_1) + (1 - eps) softmax(A_2/tau_2)
-# with (1/tau_1, 1/tau_2, eps) per episode from three BVA ensembles (7 bandits, 3 candidates, widths
-# {2, 3, 4}, lr {0.05, 0.1, 0.2}, UCB 1.0), the mixture itself as every policy's target, centred Q,
-# no entropy term, loss scales 1 / 10 / 10, gamma 0.997. GDI-I3: one head twice, the log shape;
-# GDI-H3: two heads under the log and the quarter-root shapes (docs/decisions.md 25).
-_GDI_I3: dict[str, Any] = {
-    **_DICE,
-    "behaviour": {"controlled": True, "tau_range": [0.0, 50.0], "component_heads": [0, 0]},
-    "bandit": {**_DICE["bandit"], "top_d": 3, "bva_widths": [2, 3, 4], "bva_epsilon_accuracy": 0.1},
-    "learner": {**_DICE["learner"], "target_policy": "behaviour_mixture", "centre_q": True},
-}
-_GDI_H3: dict[str, Any] = {
-    **_GDI_I3,
-    "policies": [{"gamma": 0.997, "reward_shaping": "rs2"}, {"gamma": 0.997, "reward_shaping": "quarter_root"}],
-    "behaviour": {**_GDI_I3["behaviour"], "component_heads": [0, 1]},
-}
-
-# NGU (P3, App. A, Table 6) sized like `cpu`: one Q-network conditioned on j (one-hot) and on the
-# intrinsic reward, epsilon-greedy actors with j fixed per environment, the intrinsic reward from the
-# episodic memory and RND, transformed Retrace(0.95) with a target network, prioritised sequence replay,
-# Adam (Q: 1e-4, auxiliary: 5e-4, eps 1e-4), clip 40, unclipped rewards (h rescales them). One actor of
-# 16 environments plays 16 mixture members (the paper: N = 32 over hundreds of actors; --set
-# ngu.num_mixtures=32 with two actors or 32 environments). docs/decisions.md 27.
-_NGU: dict[str, Any] = {
-    "policies": [{"gamma": 0.997, "reward_shaping": "identity"}],
-    "net": {"torso": "small"},
-    "behaviour": {"controlled": False},
-    "sequence": {"burn_in": 10, "length": 20},
-    "replay": {**_CPU["replay"], "prioritised": True, "priority_exponent": 0.9, "importance_exponent": 0.6,
-               "priority_eta": 0.9},
-    "learner": {"batch_size": 16, "optimiser": "adamw", "learning_rate": 1e-4, "warmup_steps": 0,
-                "anneal_steps": 1_000_000_000, "weight_decay": 0.0, "adam_betas": [0.9, 0.999], "adam_eps": 1e-4,
-                "clip_norm": 40.0, "checkpoint_every": 500, "threads": 1, "split_batch": 2},
-    "actor": {"pull_every": 64},
-    "env": {"num_envs": 16},
-    "ngu": {"enabled": True, "num_mixtures": 16},
-}
-# Agent57-style selection (Badia et al. 2020a, App. D): NGU with j chosen per episode by a sliding-window
-# UCB bandit per actor in bandit_svc, from the episode's extrinsic return.
-_AGENT57: dict[str, Any] = {
-    **_NGU,
-    "behaviour": {"controlled": True},
-    "bandit": {"algorithm": "sliding_window_ucb"},
-}
-
-# Sizes for the built-in Catch game (minutes on two cores), laid over any preset for the end-to-end tests.
-CATCH_SIZING: dict[str, Any] = {
-    "env": {"kind": "catch", "num_envs": 8},
-    "net": {"torso": "mlp", "hidden": 64, "lstm": 64},
-    "sequence": {"burn_in": 2, "length": 10},
-    "replay": {"replay_ratio": 2.0, "capacity_sequences": 1_000, "min_sequences": 32},
-    "learner": {"batch_size": 32, "learning_rate": 2e-3, "warmup_steps": 20, "anneal_steps": 100_000,
-                "push_every": 5, "checkpoint_every": 200, "clip_norm": 40.0},
-    "actor": {"pull_every": 10},
-    "eval": {"every_versions": 10, "episodes": 32, "num_envs": 8},
-}
-
-# LBC-BM on the built-in Catch game: the end-to-end learning check.
-_CATCH: dict[str, Any] = {
-    **_CPU,
-    **CATCH_SIZING,
-    "behaviour": {"tau_range": [0.0, 10.0], "tau_accuracy": 1.0},
-}
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "lbc-bm": _PAPER,
-    "paper": _PAPER,
-    "cpu": _CPU,
-    "impala": _IMPALA,
-    "impala-cpu": _IMPALA_CPU,
-    "lbc-reduce-h": _LBC_REDUCE_H,
-    "lbc-reduce-h-psi": _LBC_REDUCE_H_PSI,
-    "lbc-random": _LBC_RANDOM,
-    "dice": _DICE,
-    "dice-fixed": _DICE_FIXED,
-    "dice-random": _DICE_RANDOM,
-    "gdi-i3": _GDI_I3,
-    "gdi-h3": _GDI_H3,
-    "ngu": _NGU,
-    "agent57": _AGENT57,
-    "catch": _CATCH,
-}
 
 
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:

@@ -155,6 +155,14 @@ def ngu_q_loss(
     return QLoss(loss=0.5 * (q_taken - targets).pow(2), abs_td=(targets - q_taken.detach()).abs())
 
 
+def standardise(x: torch.Tensor) -> torch.Tensor:
+    """(x - mean) / std over the time and batch axes (the first two), separately for each problem after
+    them: PPO's per-batch advantage normalisation (Schulman et al. 2017; cleanrl's `norm_adv`)."""
+    mean = x.mean(dim=(0, 1), keepdim=True)
+    std = x.std(dim=(0, 1), keepdim=True)
+    return (x - mean) / (std + 1e-8)
+
+
 @dataclass(frozen=True)
 class LossScales:
     """LBC Table 3: V-loss xi = 1, Q-loss alpha = 5, pi-loss beta = 5; IMPALA adds an entropy cost."""
@@ -190,6 +198,7 @@ def lbc_policy_loss(
     pg_scale: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
     centre_q: bool = False,
+    standardise_advantages: bool = False,
 ) -> PolicyLoss:
     """Losses of LBC's policies (App. F, Algorithm 2) over one learning window.
 
@@ -207,6 +216,8 @@ def lbc_policy_loss(
     pg_scale [T, B] (optional) multiplies the policy-gradient term per step: DiCE's temperature-scaled
     gradient is -(1/tau) A_t log softmax(tau A)(a_t), whose gradient in A is A_t (e_a - pi), the same
     step at every tau (docs/decisions.md 18).
+    standardise_advantages: the policy gradient uses standardise(rho_s (r_s + gamma v_{s+1} - V(x_s))), so
+    its size does not depend on how sparse and small the rewards are (docs/decisions.md 35).
     """
     log_pi_fixed = log_pi.detach()
     pi = log_pi_fixed.exp()
@@ -228,7 +239,8 @@ def lbc_policy_loss(
     q_loss = 0.5 * (q_targets - q_taken).pow(2)
 
     log_pi_action = log_pi[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-    pi_loss = -log_pi_action * vt.pg_advantages
+    pg_advantages = standardise(vt.pg_advantages) if standardise_advantages else vt.pg_advantages
+    pi_loss = -log_pi_action * pg_advantages
     if pg_scale is not None:
         pi_loss = pi_loss * pg_scale
     ent = -(log_pi[:-1].exp() * log_pi[:-1]).sum(-1)

@@ -168,6 +168,21 @@ class PlainLSTM(nn.Module):
         return self.cell.weight_ih
 
 
+class FeedForwardCore(nn.Module):
+    """No recurrence: IMPALA's feed-forward Atari network (its App. G table is for it), where the 4-frame
+    stack is the only memory. The heads read the torso's features alone: the previous action and reward
+    are not used, and the state passes through untouched, so that the sequence layout (h0, c0) and every
+    caller stay those of the recurrent cores (docs/decisions.md 35)."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.features = features
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor,
+                state: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        return x[..., :self.features], state
+
+
 CORES = {"lstm": PlainLSTM, "layernorm_lstm": LayerNormLSTM}
 
 
@@ -204,8 +219,13 @@ class LBCNet(nn.Module):
         self.centre_frames = centre_frames
         if init == "orthogonal":
             init_relu_layers(self.torso)
-        self.core = CORES[core](hidden + num_actions + 1 + extra_inputs, lstm)
-        self.heads = nn.Linear(lstm, num_policies * (num_actions + 1))
+        if core == "feedforward":
+            self.core: nn.Module = FeedForwardCore(hidden)
+            core_out = hidden
+        else:
+            self.core = CORES[core](hidden + num_actions + 1 + extra_inputs, lstm)
+            core_out = lstm
+        self.heads = nn.Linear(core_out, num_policies * (num_actions + 1))
 
     def set_channels_last(self, enabled: bool) -> LBCNet:
         """Run the convolutional torso in NHWC layout (faster training, slower small-batch inference)."""
@@ -239,7 +259,8 @@ class LBCNet(nn.Module):
     def recycling_links(self) -> list[Link]:
         """The torso's ReLU layers and what reads each (ReDo, lbc.recycling); the deep torso's residual
         blocks are not covered."""
-        feats_reader = self.core.input_weight   # the torso's features are the core input's first columns
+        # the torso's features are the core input's first columns, or the heads' whole input without a core
+        feats_reader = self.heads.weight if isinstance(self.core, FeedForwardCore) else self.core.input_weight
         if isinstance(self.torso, SmallTorso):
             conv0, relu0, conv1, relu1 = list(self.torso.convs)[:4]
             fc, fc_relu = self.torso.fc

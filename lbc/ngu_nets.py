@@ -22,7 +22,7 @@ def newest_frame(obs: torch.Tensor) -> torch.Tensor:
 
 
 def _torso(frame_size: tuple[int, int]) -> tuple[nn.Sequential, int]:
-    """Three convolutions on an Atari frame; two fully connected layers on a small one (Catch)."""
+    """Three convolutions on an Atari frame; one fully connected layer on a small one (Catch)."""
     h, w = frame_size
     if min(h, w) >= 36:
         layers = nn.Sequential(nn.Conv2d(1, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),

@@ -10,12 +10,14 @@ from collections.abc import Callable
 
 import torch
 
+from lbc.losses import value_rescale
+
 RewardFn = Callable[[torch.Tensor], torch.Tensor]
 
 
 def rs1(r: torch.Tensor) -> torch.Tensor:
-    """RS_1(x) = sign(x) * (sqrt(|x| + 1) - 1) + 0.001 * x."""
-    return torch.sign(r) * (torch.sqrt(r.abs() + 1.0) - 1.0) + 0.001 * r
+    """RS_1(x) = sign(x) * (sqrt(|x| + 1) - 1) + 0.001 * x: R2D2's h with its epsilon of 1e-3."""
+    return value_rescale(r, 1e-3)
 
 
 def rs2(r: torch.Tensor) -> torch.Tensor:

@@ -136,7 +136,7 @@ class Trainer:
             b["behaviour_prob"][burn:].unsqueeze(-1).expand(per_policy_steps),
             torch.stack([shape(b["reward"][burn:]) for shape in self.shaping], dim=-1),
             not_done.unsqueeze(-1) * self.gammas, self.scales, pg_scale=pg_scale, weights=b.get("weight"),
-            centre_q=lc.centre_q)
+            centre_q=lc.centre_q, standardise_advantages=lc.standardise_advantages)
         terms = torch.stack([loss.v, loss.q, loss.pi, loss.entropy], dim=-1).detach()
         return loss.total, terms, self._priorities(loss.abs_td).max(-1).values
 

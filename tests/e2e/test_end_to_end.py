@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from lbc.config import CATCH_SIZING, PRESETS
+from lbc.presets import CATCH_SIZING, PRESETS, deep_merge
 from tests.support import REPO, flat_overrides, launcher_endpoint_args
 
 
@@ -97,7 +97,7 @@ def test_preset_learns_catch(tmp_path, preset, target):
 def test_ngu_learns_catch(tmp_path, preset):
     """NGU, and NGU with Agent57's meta-controller, on the same harness, evaluated as the papers do: the
     exploitative member j = 0, greedy."""
-    sizing = {**CATCH_SIZING, "ngu": {"num_mixtures": 8, "target_update_every": 100}}
+    sizing = deep_merge(CATCH_SIZING, {"ngu": {"num_mixtures": 8, "target_update_every": 100}})
     records, evals = _learns_catch(tmp_path, f"e2e-{preset}-catch", preset, 0.9, *_as_sets(sizing))
     assert evals[-1]["policy"] == "greedy"
     assert preset != "agent57" or records[-1]["bandit_episodes"] > 100

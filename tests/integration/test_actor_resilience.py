@@ -2,7 +2,7 @@
 
 import pytest
 
-from lbc.config import CATCH_SIZING
+from lbc.presets import CATCH_SIZING
 from tests.support import Service, endpoint_overrides, flat_overrides, metric, overrides_dict, wait_for, wait_healthy
 
 

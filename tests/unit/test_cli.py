@@ -48,3 +48,21 @@ def test_autoscale_help_describes_it_with_defaults():
     out = subprocess.run([sys.executable, "-m", "lbc.cli", "autoscale", "--help"], cwd=REPO, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and "ScalePolicy(" not in out.stdout and "(default: 16)" in out.stdout
+
+
+def test_config_show_prints_the_resolved_preset_with_overrides(capsys, monkeypatch):
+    import json
+
+    from lbc.cli import main
+
+    monkeypatch.delenv("LBC_PRESET", raising=False)
+    assert main(["config", "show", "--preset", "impala-cpu", "--set", "net.core=feedforward"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["preset"] == "impala-cpu" and shown["net"]["core"] == "feedforward"
+    assert shown["learner"]["batch_size"] == 8 and shown["learner"]["optimiser"] == "rmsprop"   # preset over defaults
+    assert main(["config", "show", "--section", "replay"]) == 0
+    assert list(json.loads(capsys.readouterr().out)) == ["replay"]
+    with pytest.raises(SystemExit, match="learner.batch_sise"):
+        main(["config", "show", "--set", "learner.batch_sise=3"])
+    with pytest.raises(SystemExit, match="did you mean impala"):
+        main(["config", "show", "--preset", "impal"])

@@ -5,7 +5,8 @@ import pytest
 
 from actor_svc.peers import check_behaviour
 from lbc import codec
-from lbc.config import CATCH_SIZING, load_config
+from lbc.config import load_config
+from lbc.presets import CATCH_SIZING, deep_merge
 from lbc.sequences import sequence_layout, validate_batch, validate_sequence
 from lbcproto import lbc_pb2
 
@@ -183,7 +184,7 @@ def test_sequence_validation():
 
 
 def test_ngu_sequences_carry_a_valid_mixture_and_intrinsic_reward():
-    cfg = load_config("ngu", {**CATCH_SIZING, "ngu": {"num_mixtures": 4}})
+    cfg = load_config("ngu", deep_merge(CATCH_SIZING, {"ngu": {"num_mixtures": 4}}))
     seq = _valid_sequence(cfg)
     validate_sequence(seq, cfg)
     with pytest.raises(codec.CodecError, match="mixture outside"):

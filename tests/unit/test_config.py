@@ -53,3 +53,32 @@ def test_ngu_and_agent57_settings_are_checked():
         load_config("ngu", ["ngu.aux_steps=30"])
     cfg = load_config("agent57")
     assert cfg.ngu.enabled and cfg.behaviour.controlled and cfg.ngu.window == 160
+
+
+def test_deep_merge_merges_sections_and_replaces_the_rest():
+    from lbc.presets import deep_merge
+
+    base = {"a": {"x": 1, "y": {"z": 2}}, "l": [1, 2], "k": 0}
+    layer = {"a": {"y": {"w": 3}}, "l": [9], "n": {"m": 1}}
+    merged = deep_merge(base, layer)
+    assert merged == {"a": {"x": 1, "y": {"z": 2, "w": 3}}, "l": [9], "k": 0, "n": {"m": 1}}
+    assert base == {"a": {"x": 1, "y": {"z": 2}}, "l": [1, 2], "k": 0}   # the inputs are left as they were
+    merged["a"]["y"]["z"] = 5
+    merged["n"]["m"] = 7
+    assert base["a"]["y"]["z"] == 2 and layer["n"]["m"] == 1
+
+
+def test_presets_are_algorithms_over_sizings():
+    """The Catch preset is the cpu one with the Catch sizing laid over it by the same merge the tests use,
+    and the paper and cpu presets of LBC differ only in sizing."""
+    from lbc.presets import CATCH_SIZING, CPU_SIZING, PAPER_SIZING, deep_merge
+
+    catch = load_config("catch").model_dump()
+    laid = load_config("cpu", deep_merge(CATCH_SIZING, {"behaviour": {"tau_range": [0.0, 10.0], "tau_accuracy": 1.0}}))
+    assert {k: v for k, v in catch.items() if k != "preset"} == {k: v for k, v in laid.model_dump().items()
+                                                                 if k != "preset"}
+    paper, cpu = load_config("paper").model_dump(), load_config("cpu").model_dump()
+    sized = set(PAPER_SIZING) | set(CPU_SIZING)
+    assert {k: v for k, v in paper.items() if k not in sized | {"preset"}} == \
+        {k: v for k, v in cpu.items() if k not in sized | {"preset"}}
+    assert paper["policies"] == cpu["policies"] and paper["learner"]["learning_rate"] == cpu["learner"]["learning_rate"]

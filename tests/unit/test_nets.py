@@ -186,3 +186,33 @@ def test_centred_frames_put_the_background_at_zero():
     assert not x.any()                                                  # every background pixel is 0
     plain = build_net(load_config("cpu"), spec.obs_shape, spec.num_actions)._torso_input(frames)
     torch.testing.assert_close(plain[1, 0], torch.full((84, 84), 87 / 255))
+
+
+def test_feedforward_core_reads_the_frame_alone():
+    """IMPALA's feed-forward network: each step's heads are a function of that step's frames only (no
+    previous action or reward, no memory), and the recurrent state a caller passes comes back untouched."""
+    torch.manual_seed(0)
+    cfg = load_config("impala", ["net.core=feedforward"])
+    spec = env_spec(cfg.env)
+    net = build_net(cfg, spec.obs_shape, spec.num_actions)
+    t, b = 4, 3
+    obs = torch.randint(0, 255, (t, b, *spec.obs_shape), dtype=torch.uint8)
+    state = (torch.randn(b, cfg.net.lstm), torch.randn(b, cfg.net.lstm))
+    out = net(obs, torch.zeros(t, b, dtype=torch.long), torch.zeros(t, b), torch.zeros(t, b, dtype=torch.bool), state)
+    other = net(obs, torch.randint(0, 18, (t, b)), torch.randn(t, b), torch.ones(t, b, dtype=torch.bool),
+                net.initial_state(b))
+    torch.testing.assert_close(out.adv, other.adv)
+    assert out.state[0] is state[0] and out.state[1] is state[1]
+    # step by step equals the whole sequence at once, and the heads are one linear map of the torso's features
+    for step in range(t):
+        one = net(obs[step:step + 1], torch.zeros(1, b, dtype=torch.long), torch.zeros(1, b),
+                  torch.zeros(1, b, dtype=torch.bool), state)
+        torch.testing.assert_close(one.adv[0], out.adv[step])
+        raw = net.heads(net.torso(obs[step].float() / 255.0))
+        torch.testing.assert_close(out.value[step, :, 0], raw[:, -1])
+    assert _count(net) < 0.75e6   # no LSTM: IMPALA's shallow torso and heads
+
+
+def test_ngu_refuses_the_feedforward_core():
+    with pytest.raises(ValueError, match="recurrent net.core"):
+        load_config("ngu", ["net.core=feedforward"])

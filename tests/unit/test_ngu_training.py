@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from lbc.config import CATCH_SIZING, load_config
+from lbc.config import load_config
 from lbc.ngu import core_inputs, mixture_family
+from lbc.presets import CATCH_SIZING, deep_merge
 from learner_svc import checkpoint
 from learner_svc.ngu_training import NguTrainer
 from learner_svc.training import to_time_major
@@ -13,8 +14,8 @@ from tests.unit.test_training import _batch
 
 
 def _config(**ngu):
-    return load_config("ngu", {**CATCH_SIZING, "learner": {**CATCH_SIZING["learner"], "warmup_steps": 0},
-                               "ngu": {"num_mixtures": 4, **ngu}})
+    return load_config("ngu", deep_merge(CATCH_SIZING, {"learner": {"warmup_steps": 0},
+                                                 "ngu": {"num_mixtures": 4, **ngu}}))
 
 
 def _ngu_batch(cfg, seed=0):
@@ -105,7 +106,8 @@ def test_auxiliary_networks_learn_and_travel_in_checkpoints(tmp_path):
     assert last["rnd"] < 0.5 * first["rnd"] and last["inverse_dynamics"] < first["inverse_dynamics"]
     checkpoint.save(tmp_path, trainer.agent, trainer.optimiser, checkpoint.Counters(step=31),
                     trainer.checkpointed_modules())
-    other = NguTrainer(load_config("ngu", {**CATCH_SIZING, "ngu": {"num_mixtures": 4}, "learner": {"seed": 5}}))
+    sizing = deep_merge(CATCH_SIZING, {"ngu": {"num_mixtures": 4}, "learner": {"seed": 5}})
+    other = NguTrainer(load_config("ngu", sizing))
     checkpoint.load(checkpoint.latest(tmp_path), other.agent, other.optimiser, other.checkpointed_modules())
     for module in ("agent", "target"):
         for a, b in zip(getattr(trainer, module).state_dict().values(), getattr(other, module).state_dict().values(),

@@ -134,3 +134,42 @@ def test_gradient_flows_through_the_given_target_policy() -> None:
     out.total.backward()
     assert logits.grad[-1].abs().max() == 0.0      # the bootstrap row has no policy-gradient term
     assert logits.grad[:-1].abs().max() > 0.0
+
+
+def _logit_grad(x: dict[str, torch.Tensor], **kw) -> torch.Tensor:
+    logits = x["adv"].clone().requires_grad_(True)
+    scales = LossScales(v=0.0, q=0.0, pi=1.0, entropy=0.0, rho_bar=1.05, c_bar=1.05, lam=1.0)
+    lbc_policy_loss(**{**x, "adv": logits}, log_pi=torch.log_softmax(logits, -1), scales=scales, **kw).total.backward()
+    return logits.grad
+
+
+def test_standardised_advantages_against_numpy() -> None:
+    """PPO's normalisation: the gradient is the plain one with each advantage replaced by
+    (adv - mean) / std over the batch and time (std with Bessel's correction, as torch.std)."""
+    x = inputs(6)
+    plain = _logit_grad(x)
+    standard = _logit_grad(x, standardise_advantages=True)
+    pi = torch.softmax(x["adv"], -1)[:-1].double().numpy()
+    onehot = np.eye(A)[x["actions"].numpy()]
+    # recover each step's advantage from the plain gradient: grad_t = -adv_t (e_a - pi) / (T B)
+    adv = -(plain[:-1].double().numpy() * (onehot - pi)).sum(-1) / ((onehot - pi) ** 2).sum(-1) * (T * B)
+    z = (adv - adv.mean()) / adv.std(ddof=1)
+    expected = -(z[..., None] * (onehot - pi)) / (T * B)
+    np.testing.assert_allclose(standard[:-1].numpy(), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_standardised_advantages_ignore_the_reward_scale_per_policy() -> None:
+    """Rewards and values 100 times larger (or smaller) leave the standardised policy gradient as it was;
+    with two problems side by side, each is standardised on its own."""
+    x = inputs(7)
+    base = _logit_grad(x, standardise_advantages=True)
+    for c in (100.0, 0.01):
+        scaled = _logit_grad({**x, "rewards": c * x["rewards"], "value": c * x["value"]}, standardise_advantages=True)
+        torch.testing.assert_close(scaled, base, rtol=1e-3, atol=1e-6)
+    two = {k: torch.stack([v, v], dim=2) for k, v in x.items() if k != "adv"}
+    two["adv"] = torch.stack([x["adv"], x["adv"]], dim=2)
+    two["rewards"] = torch.stack([x["rewards"], 50.0 * x["rewards"]], dim=2)
+    two["value"] = torch.stack([x["value"], 50.0 * x["value"]], dim=2)
+    both = _logit_grad(two, standardise_advantages=True)
+    torch.testing.assert_close(both[:, :, 0], base, rtol=1e-3, atol=1e-6)
+    torch.testing.assert_close(both[:, :, 1], base, rtol=1e-3, atol=1e-6)

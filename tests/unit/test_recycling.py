@@ -90,3 +90,17 @@ def test_mlp_features_are_the_first_columns_of_the_core_input():
 def test_recycling_is_refused_for_the_deep_torso():
     with pytest.raises(ValueError, match="recycle_every"):
         load_config("lbc-bm", ["learner.recycle_every=100"])
+
+
+def test_without_a_core_the_heads_read_the_recycled_features():
+    cfg = load_config("impala", ["net.core=feedforward"])
+    spec = env_spec(cfg.env)
+    net = build_net(cfg, spec.obs_shape, spec.num_actions)
+    with torch.no_grad():
+        net.torso.fc[0].bias[:10].fill_(-1e3)   # ten features dead on every frame
+    frames = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (32, *spec.obs_shape), dtype=np.uint8))
+    before = net.heads.weight.detach().clone()
+    recycled = net.recycle_dormant(frames, 0.0, None)["fc.1"]
+    zeroed = ~net.heads.weight.detach().any(0)          # the heads stop reading each recycled feature
+    assert recycled >= 10 and int(zeroed.sum()) == recycled and bool(zeroed[:10].all())
+    torch.testing.assert_close(net.heads.weight[:, ~zeroed], before[:, ~zeroed])

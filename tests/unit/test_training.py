@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from lbc.config import CATCH_SIZING, load_config
+from lbc.config import load_config
+from lbc.presets import CATCH_SIZING, deep_merge
 from lbc.sequences import sequence_layout
 from learner_svc import checkpoint
 from learner_svc.ngu_training import NguTrainer
@@ -56,7 +57,7 @@ def test_trainer_fits_a_fixed_batch(core):
 
 @pytest.mark.parametrize("preset", ["gdi-i3", "gdi-h3", "dice", "cpu"])
 def test_every_target_policy_trains_with_finite_losses(preset):
-    cfg = load_config(preset, {**CATCH_SIZING, "learner": {**CATCH_SIZING["learner"], "warmup_steps": 0}})
+    cfg = load_config(preset, deep_merge(CATCH_SIZING, {"learner": {"warmup_steps": 0}}))
     trainer = Trainer(cfg)
     rng = np.random.default_rng(1)
     batch = _batch(cfg, rng)
@@ -173,7 +174,7 @@ def test_split_batch_is_validated():
 @pytest.mark.parametrize("preset", ["catch", "ngu"])
 def test_a_batch_with_a_non_finite_loss_is_skipped_and_changes_nothing(preset):
     """Issue 12: one poisoned batch must not reach the parameters or the optimiser's moments."""
-    cfg = load_config(preset, {**CATCH_SIZING, "learner": {**CATCH_SIZING["learner"], "warmup_steps": 0}})
+    cfg = load_config(preset, deep_merge(CATCH_SIZING, {"learner": {"warmup_steps": 0}}))
     trainer = NguTrainer(cfg) if cfg.ngu.enabled else Trainer(cfg)
     batch = _batch(cfg, np.random.default_rng(2))
     trainer.train_step(batch)

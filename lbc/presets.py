@@ -1,0 +1,177 @@
+"""The named presets, as data: each is an algorithm (what its paper specifies) laid over a sizing (what
+the machine affords: `PAPER_SIZING`, `CPU_SIZING`, `CATCH_SIZING`) by one deep merge, `deep_merge`,
+which the tests use too. Only values that differ from lbc.config's defaults are written here;
+`lbc config show --preset P` prints a preset resolved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+Tree = dict[str, Any]
+
+
+def deep_merge(base: Mapping[str, Any], *layers: Mapping[str, Any]) -> Tree:
+    """`base` with each layer laid over it in turn: nested sections merge key by key, any other value
+    (lists included) replaces the one below. The inputs are left untouched."""
+    out: Tree = {key: deep_merge(value) if isinstance(value, Mapping) else value for key, value in base.items()}
+    for layer in layers:
+        for key, value in layer.items():
+            if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+                out[key] = deep_merge(out[key], value)
+            else:
+                out[key] = deep_merge(value) if isinstance(value, Mapping) else value
+    return out
+
+
+# ---- sizings -----------------------------------------------------------------------------------------
+
+# LBC Table 3's scale: needs a GPU learner.
+PAPER_SIZING: Tree = {
+    "net": {"torso": "deep"},
+    "sequence": {"burn_in": 40, "length": 80},
+    "replay": {"replay_ratio": 2.0, "capacity_sequences": 50_000, "capacity_bytes": 60_000_000_000,
+               "min_sequences": 1_000},
+    "learner": {"batch_size": 64, "warmup_steps": 4000},
+    "actor": {"pull_every": 64},
+    "env": {"num_envs": 32},
+}
+
+# Two cores and no GPU (DESIGN §6). The learner bounds throughput and the actor leaves ~half a core idle.
+# Two halves of each batch in two threads of one intra-op thread each use that half core better than two
+# intra-op threads, whose barriers wait on the actor (measured: 15% more learner steps/s beside a 60% load).
+CPU_SIZING: Tree = {
+    "net": {"torso": "small"},
+    "sequence": {"burn_in": 10, "length": 20},
+    "replay": {"replay_ratio": 2.0, "capacity_sequences": 2_000, "capacity_bytes": 2_500_000_000,
+               "min_sequences": 64},
+    "learner": {"batch_size": 16, "warmup_steps": 200, "anneal_steps": 200_000, "checkpoint_every": 500,
+                "threads": 1, "split_batch": 2},
+    "actor": {"pull_every": 64},
+    "env": {"num_envs": 16},
+}
+
+# The built-in Catch game (minutes on two cores), laid over any preset for the end-to-end tests.
+CATCH_SIZING: Tree = {
+    "env": {"kind": "catch", "num_envs": 8},
+    "net": {"torso": "mlp", "hidden": 64, "lstm": 64},
+    "sequence": {"burn_in": 2, "length": 10},
+    "replay": {"replay_ratio": 2.0, "capacity_sequences": 1_000, "min_sequences": 32},
+    "learner": {"batch_size": 32, "learning_rate": 2e-3, "warmup_steps": 20, "anneal_steps": 100_000,
+                "push_every": 5, "checkpoint_every": 200, "clip_norm": 40.0},
+    "actor": {"pull_every": 10},
+    "eval": {"every_versions": 10, "episodes": 32, "num_envs": 8},
+}
+
+# ---- algorithms --------------------------------------------------------------------------------------
+
+# LBC-BM (Table 3): three policies (gamma_i, RS_i), the Boltzmann mixture over all of them chosen per
+# episode by the bandits, Retrace + V-trace + policy gradient at 1 / 5 / 5 (lbc.config's defaults).
+LBC_POLICIES: list[Tree] = [
+    {"gamma": 0.997, "reward_shaping": "rs1"},
+    {"gamma": 0.999, "reward_shaping": "rs2"},
+    {"gamma": 0.99, "reward_shaping": "rs3"},
+]
+LBC: Tree = {"policies": LBC_POLICIES, "learner": {"learning_rate": 5.3e-4}}
+
+# IMPALA (Espeholt et al. 2018): one policy, V-trace actor-critic, entropy bonus, clipped rewards,
+# no behaviour control. The Atari table of IMPALA (App. G) is its own sizing: unroll 20, batch 32, RMSProp
+# (decay 0.99, eps 0.01, no momentum), learning rate 6e-4 annealed linearly, baseline 0.5, entropy 0.01,
+# clip 40, gamma 0.99, an episode end at a life loss (for learning; scores are whole games).
+IMPALA: Tree = {
+    "policies": [{"gamma": 0.99, "reward_shaping": "clip"}],
+    "net": {"torso": "small"},
+    "behaviour": {"controlled": False, "fixed_tau": 1.0},
+    "sequence": {"burn_in": 0, "length": 20},
+    "replay": {"replay_ratio": 1.0, "capacity_sequences": 500, "min_sequences": 32},
+    "learner": {"batch_size": 32, "optimiser": "rmsprop", "learning_rate": 6e-4, "warmup_steps": 0,
+                "anneal_steps": 200_000, "weight_decay": 0.0, "rmsprop_decay": 0.99, "rmsprop_eps": 0.01,
+                "rmsprop_momentum": 0.0, "loss_reduction": "sum", "v_loss_scale": 0.5, "q_loss_scale": 0.0,
+                "pi_loss_scale": 1.0, "entropy_cost": 0.01, "rho_bar": 1.0, "c_bar": 1.0, "clip_norm": 40.0,
+                "threads": 1, "split_batch": 2},
+    "env": {"num_envs": 16, "episodic_life": True},
+    "eval": {"every_versions": 5},   # a version every 25 x 640 samples: evaluate about every 320k frames
+}
+
+# IMPALA sized for a CPU (docs/decisions.md 29): the paper's losses, optimiser and life-loss ends, with a
+# batch of 8 (TorchBeast's) so that the learner makes four times the paper's updates per frame; at batch 32
+# it makes ~2,000 updates in 5M frames and had not moved from random play on Breakout.
+IMPALA_CPU_SIZING: Tree = {"replay": {"min_sequences": 16}, "learner": {"batch_size": 8},
+                           "eval": {"every_versions": 20}}
+
+# DiCE (P1 Table 5): one policy (gamma 0.997, the asymmetric log reward shape = RS_2), behaviour
+# softmax(A / tau_DiCE) with 1/tau_DiCE on [0, 50] chosen per episode by the Bandits Vote Algorithm
+# (7 tile-coded bandits, 7 candidates, value normalisation, UCB 1.0), the target policy at the episode's
+# temperature with the temperature-scaled gradient, no entropy term, loss scales 1 / 10 / 10.
+DICE: Tree = {
+    "policies": [{"gamma": 0.997, "reward_shaping": "rs2"}],
+    "behaviour": {"controlled": True, "tau_range": [0.0, 50.0]},
+    "bandit": {"algorithm": "bva", "population": 7, "top_d": 7, "bva_accuracy": 0.1, "bva_ucb_c": 1.0,
+               "normalise_values": True},
+    "learner": {"learning_rate": 5e-4, "v_loss_scale": 1.0, "q_loss_scale": 10.0, "pi_loss_scale": 10.0,
+                "entropy_cost": 0.0, "rho_bar": 1.05, "c_bar": 1.05, "target_policy": "behaviour_temperature"},
+}
+
+# GDI (P2, Table 6): behaviour eps softmax(A_1/tau_1) + (1 - eps) softmax(A_2/tau_2) with
+# (1/tau_1, 1/tau_2, eps) per episode from three BVA ensembles (7 bandits, 3 candidates, widths {2, 3, 4},
+# lr {0.05, 0.1, 0.2}, UCB 1.0), the mixture itself as every policy's target, centred Q, no entropy term,
+# loss scales 1 / 10 / 10, gamma 0.997. GDI-I3: one head twice, the log shape; GDI-H3: two heads under the
+# log and the quarter-root shapes (docs/decisions.md 25).
+GDI_I3: Tree = deep_merge(DICE, {
+    "behaviour": {"component_heads": [0, 0]},
+    "bandit": {"top_d": 3, "bva_widths": [2, 3, 4], "bva_epsilon_accuracy": 0.1},
+    "learner": {"target_policy": "behaviour_mixture", "centre_q": True},
+})
+GDI_H3: Tree = deep_merge(GDI_I3, {
+    "policies": [{"gamma": 0.997, "reward_shaping": "rs2"}, {"gamma": 0.997, "reward_shaping": "quarter_root"}],
+    "behaviour": {"component_heads": [0, 1]},
+})
+
+# NGU (P3, App. A, Table 6): one Q-network conditioned on j (one-hot) and on the intrinsic reward,
+# epsilon-greedy actors with j fixed per environment, the intrinsic reward from the episodic memory and RND,
+# transformed Retrace(0.95) with a target network, prioritised sequence replay, Adam (Q: 1e-4, auxiliary:
+# 5e-4, eps 1e-4), clip 40, unclipped rewards (h rescales them). On the cpu sizing one actor of 16
+# environments plays 16 mixture members (the paper: N = 32 over hundreds of actors; --set
+# ngu.num_mixtures=32 with two actors or 32 environments). docs/decisions.md 27.
+NGU: Tree = {
+    "policies": [{"gamma": 0.997, "reward_shaping": "identity"}],
+    "behaviour": {"controlled": False},
+    "replay": {"prioritised": True, "priority_exponent": 0.9, "importance_exponent": 0.6, "priority_eta": 0.9},
+    "learner": {"optimiser": "adamw", "learning_rate": 1e-4, "warmup_steps": 0, "anneal_steps": 1_000_000_000,
+                "weight_decay": 0.0, "adam_betas": [0.9, 0.999], "adam_eps": 1e-4, "clip_norm": 40.0},
+    "ngu": {"enabled": True, "num_mixtures": 16},
+}
+# Agent57-style selection (Badia et al. 2020a, App. D): NGU with j chosen per episode by a sliding-window
+# UCB bandit per actor in bandit_svc, from the episode's extrinsic return.
+AGENT57: Tree = deep_merge(NGU, {"behaviour": {"controlled": True}, "bandit": {"algorithm": "sliding_window_ucb"}})
+
+# ---- the presets ---------------------------------------------------------------------------------------
+
+_LBC_PAPER = deep_merge(PAPER_SIZING, LBC)
+_LBC_CPU = deep_merge(CPU_SIZING, LBC)   # the embedded default
+_DICE_CPU = deep_merge(CPU_SIZING, DICE)   # paper scale: deep_merge(PAPER_SIZING, DICE)
+_NGU_CPU = deep_merge(CPU_SIZING, NGU)
+
+PRESETS: dict[str, Tree] = {
+    "lbc-bm": _LBC_PAPER,
+    "paper": _LBC_PAPER,   # the same preset, by the name DESIGN uses for the paper's scale
+    "cpu": _LBC_CPU,
+    "impala": IMPALA,
+    "impala-cpu": deep_merge(IMPALA, IMPALA_CPU_SIZING),
+    # LBC's ablations (section 5.3, Fig. 5 / Table 12): reduce H (all three policy models are h_1), reduce
+    # H and Psi (one policy, psi = tau), random behaviour selection (the bandits never learn). Decision 20.
+    "lbc-reduce-h": deep_merge(_LBC_CPU, {"policies": [LBC_POLICIES[0]] * 3}),
+    "lbc-reduce-h-psi": deep_merge(_LBC_CPU, {"policies": [LBC_POLICIES[0]]}),
+    "lbc-random": deep_merge(_LBC_CPU, {"bandit": {"learn": False}}),
+    "dice": _DICE_CPU,
+    # DiCE's ablations (P1 section 4.3): "baseline" fixes tau = 1; "random" never updates the bandits.
+    "dice-fixed": deep_merge(_DICE_CPU, {"behaviour": {"controlled": False, "fixed_tau": 1.0}}),
+    "dice-random": deep_merge(_DICE_CPU, {"bandit": {"learn": False}}),
+    "gdi-i3": deep_merge(CPU_SIZING, GDI_I3),
+    "gdi-h3": deep_merge(CPU_SIZING, GDI_H3),
+    "ngu": _NGU_CPU,
+    "agent57": deep_merge(CPU_SIZING, AGENT57),
+    # LBC-BM on the built-in Catch game: the end-to-end learning check.
+    "catch": deep_merge(_LBC_CPU, CATCH_SIZING, {"behaviour": {"tau_range": [0.0, 10.0], "tau_accuracy": 1.0}}),
+}
