@@ -23,7 +23,7 @@ from lbc.config import Config
 from lbc.envs import make_envs
 from lbc.nets import build_agent
 from lbc.scores import human_normalised
-from lbc.sequences import observation_extras
+from lbc.sequences import sequence_layout
 from lbc.service import (
     Backoff,
     base_parser,
@@ -94,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     sender = SequenceSender(cfg, actor_id, stop)
     n = cfg.num_components
     heads = torch.tensor(cfg.components)
-    builder = SequenceBuilder(num_envs, cfg.sequence.burn_in, cfg.sequence.length, spec.obs_shape,
-                              cfg.net.lstm, 2 * n, observation_extras(cfg))
+    builder = SequenceBuilder(num_envs, cfg.sequence.burn_in, sequence_layout(cfg))
     health_address = grpc_bind_address(cfg.endpoints.bind_host, cfg.endpoints.actor_health_base + args.index)
     server, health = grpc_server(health_address, workers=2)
     server.start()

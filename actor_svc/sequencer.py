@@ -3,82 +3,87 @@
 All environments of an actor advance in lockstep, so one time index serves them all. Per step:
 observe(x_t, ...) then act(a_t, ...). When observation L = burn_in + length has been written,
 one sequence per environment is complete (L steps, L + 1 observations); its last burn_in steps and
-observation L are kept as the start of the next one. `extras` names further per-observation fields
-(NGU's mixture and intrinsic reward) and their dtypes.
+observation L are kept as the start of the next one.
+
+The fields and their shapes are those of the sequence layout (lbc.sequences.sequence_fields): a field
+whose leading length is L + 1 is recorded per observation, one of length L per step, and h0/c0 are the
+recurrent state recorded with the first observation. Observation fields beyond obs, prev_action,
+prev_reward and reset (NGU's mixture and intrinsic reward) are the `extras` of observe().
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from lbc.codec import Layout
+
+CORE_OBSERVATION_FIELDS = ("obs", "prev_action", "prev_reward", "reset")
+STEP_FIELDS = ("action", "reward", "done", "behaviour_prob", "psi")
+STATE_FIELDS = {"h0": "h", "c0": "c"}   # the state before obs[0], from the state recorded per observation
+
 
 class SequenceBuilder:
-    def __init__(self, num_envs: int, burn_in: int, length: int, obs_shape: tuple[int, ...], lstm: int,
-                 psi_dim: int, extras: dict[str, str] | None = None) -> None:
-        self.burn_in, self.steps = burn_in, burn_in + length
-        n, big = num_envs, burn_in + length + 1
-        self.obs = np.zeros((n, big, *obs_shape), np.uint8)
-        self.prev_action = np.zeros((n, big), np.int32)
-        self.prev_reward = np.zeros((n, big), np.float32)
-        self.reset = np.zeros((n, big), bool)
-        self.h = np.zeros((n, big, lstm), np.float32)
-        self.c = np.zeros((n, big, lstm), np.float32)
-        self.version = np.zeros(big, np.int64)
-        self.action = np.zeros((n, big - 1), np.int32)
-        self.reward = np.zeros((n, big - 1), np.float32)
-        self.done = np.zeros((n, big - 1), bool)
-        self.behaviour_prob = np.zeros((n, big - 1), np.float32)
-        self.psi = np.zeros((n, big - 1, psi_dim), np.float32)
-        self.extras = {name: np.zeros((n, big), dtype) for name, dtype in (extras or {}).items()}
+    def __init__(self, num_envs: int, burn_in: int, layout: Layout) -> None:
+        steps = layout["action"][1][0]
+        self.burn_in, self.steps = burn_in, steps
+        if not 0 <= burn_in < steps:
+            raise ValueError(f"burn_in {burn_in} must be below the sequence's {steps} steps")
+        timed = {name: shape for name, (_, shape) in layout.items() if name not in STATE_FIELDS}
+        per_observation = {name for name, shape in timed.items() if shape[:1] == (steps + 1,)}
+        per_step = {name for name, shape in timed.items() if shape[:1] == (steps,)}
+        if per_step != set(STEP_FIELDS) or not set(CORE_OBSERVATION_FIELDS) <= per_observation \
+                or set(layout) != per_observation | per_step | set(STATE_FIELDS):
+            raise ValueError(f"not a sequence layout: {sorted(layout)}")
+
+        def buffer(name: str, length: int, shape: tuple[int, ...]) -> np.ndarray:
+            return np.zeros((num_envs, length, *shape), layout[name][0])
+
+        self.observed = {name: buffer(name, steps + 1, layout[name][1][1:]) for name in sorted(per_observation)}
+        for field, state in STATE_FIELDS.items():
+            self.observed[state] = buffer(field, steps + 1, layout[field][1])
+        self.acted = {name: buffer(name, steps, layout[name][1][1:]) for name in STEP_FIELDS}
+        self.extras = sorted(per_observation - set(CORE_OBSERVATION_FIELDS))
+        self.version = np.zeros(steps + 1, np.int64)
         self.t = 0
 
     def observe(self, obs: np.ndarray, prev_action: np.ndarray, prev_reward: np.ndarray, reset: np.ndarray,
                 h: np.ndarray, c: np.ndarray, version: int,
                 extras: dict[str, np.ndarray] | None = None) -> list[tuple[dict[str, np.ndarray], int]]:
-        """Record x_t and the LSTM state before it. Returns the completed (sequence, version) pairs."""
-        t = self.t
+        """Record x_t and the recurrent state before it. Returns the completed (sequence, version) pairs."""
         given = extras or {}
         if set(given) != set(self.extras):
-            raise ValueError(f"observe() needs the extra fields {sorted(self.extras)}, got {sorted(given)}")
-        for name, arr in self.extras.items():
-            arr[:, t] = given[name]
-        self.obs[:, t] = obs
-        self.prev_action[:, t] = prev_action
-        self.prev_reward[:, t] = prev_reward
-        self.reset[:, t] = reset
-        self.h[:, t] = h
-        self.c[:, t] = c
+            raise ValueError(f"observe() needs the extra fields {self.extras}, got {sorted(given)}")
+        values = {"obs": obs, "prev_action": prev_action, "prev_reward": prev_reward, "reset": reset,
+                  "h": h, "c": c, **given}
+        t = self.t
+        for name, arr in self.observed.items():
+            arr[:, t] = values[name]
         self.version[t] = version
         if t < self.steps:
             return []
-        done = [(self._sequence(e), int(self.version.min())) for e in range(self.obs.shape[0])]
+        done = [(self._sequence(e), int(self.version.min())) for e in range(obs.shape[0])]
         self._shift()
         return done
 
     def act(self, action: np.ndarray, reward: np.ndarray, done: np.ndarray, behaviour_prob: np.ndarray,
             psi: np.ndarray) -> None:
-        t = self.t
-        self.action[:, t] = action
-        self.reward[:, t] = reward
-        self.done[:, t] = done
-        self.behaviour_prob[:, t] = behaviour_prob
-        self.psi[:, t] = psi
+        values = {"action": action, "reward": reward, "done": done, "behaviour_prob": behaviour_prob, "psi": psi}
+        for name, arr in self.acted.items():
+            arr[:, self.t] = values[name]
         self.t += 1
 
     def _sequence(self, e: int) -> dict[str, np.ndarray]:
-        return {"obs": self.obs[e].copy(), "prev_action": self.prev_action[e].copy(),
-                "prev_reward": self.prev_reward[e].copy(), "reset": self.reset[e].copy(),
-                "action": self.action[e].copy(), "reward": self.reward[e].copy(), "done": self.done[e].copy(),
-                "behaviour_prob": self.behaviour_prob[e].copy(), "psi": self.psi[e].copy(),
-                "h0": self.h[e, 0].copy(), "c0": self.c[e, 0].copy(),
-                **{name: arr[e].copy() for name, arr in self.extras.items()}}
+        seq = {name: arr[e].copy() for name, arr in (*self.observed.items(), *self.acted.items())
+               if name not in STATE_FIELDS.values()}
+        seq.update({field: self.observed[state][e, 0].copy() for field, state in STATE_FIELDS.items()})
+        return seq
 
     def _shift(self) -> None:
         """Keep steps L-b..L-1 and observations L-b..L as the next sequence's first ones."""
         b, s = self.burn_in, self.steps
-        for arr in (self.obs, self.prev_action, self.prev_reward, self.reset, self.h, self.c, *self.extras.values()):
+        for arr in self.observed.values():
             arr[:, : b + 1] = arr[:, s - b: s + 1]
         self.version[: b + 1] = self.version[s - b: s + 1]
-        for arr in (self.action, self.reward, self.done, self.behaviour_prob, self.psi):
+        for arr in self.acted.values():
             arr[:, :b] = arr[:, s - b: s]
         self.t = b

@@ -1,4 +1,4 @@
-"""The bandit service's state: one BehaviourController per actor, the episodes in flight, and
+"""The bandit service's state: one meta-controller per actor (lbc.controllers), the episodes in flight, and
 atomic JSON snapshots so a restart loses nothing."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from lbc.bandit import BehaviourController, Choice, Discretisation, MixtureController
-from lbc.bva import BvaController
+from lbc.bandit import Choice
 from lbc.config import Config
+from lbc.controllers import Controller, dimension_names, dimensions, make_controller
 from lbc.files import remove_stale_temporaries, write_atomically
 
 SNAPSHOT_FORMAT = 3   # 2: BVA controllers hold one ensemble per dimension; 3: the layout names NGU's N
@@ -29,24 +29,16 @@ class UnknownEpisode(KeyError):
 class BanditState:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        b = cfg.behaviour
-        self.tau_dim = Discretisation(*b.tau_range, b.tau_accuracy)
-        self.omega_dim = Discretisation(*b.omega_range, b.omega_accuracy)
+        self.tau_dim, self.omega_dim = dimensions(cfg)
         self.lock = threading.Lock()
         # least recently seen first: beyond bandit.max_actors the first is forgotten
-        self.controllers: OrderedDict[str, BehaviourController | BvaController | MixtureController] = OrderedDict()
+        self.controllers: OrderedDict[str, Controller] = OrderedDict()
         self.evicted = 0
         self.pending: dict[str, OrderedDict[str, tuple[int, ...]]] = {}
         self.next_episode: dict[str, int] = {}
-        k = cfg.num_components
-        if cfg.bandit.algorithm == "bva":
-            self.dimension_names = BvaController.dimension_names(k)
-        elif cfg.bandit.algorithm == "sliding_window_ucb":
-            self.dimension_names = MixtureController.dimension_names()
-        else:
-            self.dimension_names = BehaviourController.dimension_names(k)
+        self.dimension_names = dimension_names(cfg)
 
-    def _controller(self, actor_id: str) -> BehaviourController | BvaController | MixtureController:
+    def _controller(self, actor_id: str) -> Controller:
         if actor_id in self.controllers:
             self.controllers.move_to_end(actor_id)
         else:
@@ -54,21 +46,8 @@ class BanditState:
                 gone, _ = self.controllers.popitem(last=False)
                 del self.pending[gone], self.next_episode[gone]
                 self.evicted += 1
-            bc, b = self.cfg.bandit, self.cfg.behaviour
-            seed = bc.seed * 1_000_003 + zlib.crc32(actor_id.encode())
-            if bc.algorithm == "bva":
-                self.controllers[actor_id] = BvaController(
-                    b.tau_range, bc.bva_accuracy, bc.population, bc.top_d, bc.bva_ucb_c, bc.normalise_values,
-                    bc.learn, seed, components=self.cfg.num_components, widths=bc.bva_widths,
-                    epsilon_accuracy=bc.bva_epsilon_accuracy)
-            elif bc.algorithm == "sliding_window_ucb":
-                ng = self.cfg.ngu
-                self.controllers[actor_id] = MixtureController(
-                    ng.num_mixtures, ng.window, ng.ucb_beta, ng.ucb_epsilon, b.fixed_tau, seed, learn=bc.learn)
-            else:
-                self.controllers[actor_id] = BehaviourController(
-                    self.cfg.num_components, self.tau_dim, self.omega_dim, bc.population, bc.c_range, bc.top_d,
-                    bc.replace_every, bc.normalise_values, seed, learn=bc.learn)
+            seed = self.cfg.bandit.seed * 1_000_003 + zlib.crc32(actor_id.encode())
+            self.controllers[actor_id] = make_controller(self.cfg, seed)
             self.pending[actor_id] = OrderedDict()
             self.next_episode[actor_id] = 0
         return self.controllers[actor_id]

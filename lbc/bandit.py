@@ -227,7 +227,7 @@ class SlidingWindowUCB:
 
 class MixtureController:
     """Agent57's meta-controller for one actor: a sliding-window UCB over NGU's mixture index j, learning
-    from each episode's extrinsic return. Same interface as BehaviourController; psi stays fixed
+    from each episode's extrinsic return. A lbc.controllers.Controller; psi stays fixed
     (tau = fixed_tau, omega = 1), the choice is Choice.mixture."""
 
     def __init__(self, num_mixtures: int, window: int, beta: float, epsilon: float, fixed_tau: float,

@@ -153,7 +153,7 @@ class BvaController:
     psi = (tau_1, tau_2, omega = (eps, 1 - eps)). Each dimension has its own ensemble and all learn
     from every episode's return (docs/decisions.md 25).
 
-    Same interface as lbc.bandit.BehaviourController: select() gives a Choice whose arms are the tiles
+    A lbc.controllers.Controller: select() gives a Choice whose arms are the tiles
     chosen per dimension; update(arms, g) teaches every bandit."""
 
     def __init__(self, tau_range: tuple[float, float], accuracy: float, bandits: int, candidates: int,

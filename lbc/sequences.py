@@ -24,9 +24,10 @@ def observation_extras(cfg: Config) -> dict[str, str]:
     return {"mixture": "int32", "prev_intrinsic": "float32"} if cfg.ngu.enabled else {}
 
 
-def sequence_layout(cfg: Config) -> Layout:
-    steps = cfg.sequence.total
-    obs_shape = env_spec(cfg.env).obs_shape
+def sequence_fields(steps: int, obs_shape: tuple[int, ...], lstm: int, psi_dim: int,
+                    extras: Mapping[str, str] | None = None) -> Layout:
+    """The one definition of a sequence's fields: name -> (dtype, shape), for `steps` steps. The actor's
+    SequenceBuilder is laid out from it, replay and the learner check against it."""
     return {
         "obs": ("uint8", (steps + 1, *obs_shape)),
         "prev_action": ("int32", (steps + 1,)),
@@ -36,11 +37,17 @@ def sequence_layout(cfg: Config) -> Layout:
         "reward": ("float32", (steps,)),
         "done": ("bool", (steps,)),
         "behaviour_prob": ("float32", (steps,)),
-        "psi": ("float32", (steps, 2 * cfg.num_components)),
-        "h0": ("float32", (cfg.net.lstm,)),
-        "c0": ("float32", (cfg.net.lstm,)),
-        **{name: (dtype, (steps + 1,)) for name, dtype in observation_extras(cfg).items()},
+        "psi": ("float32", (steps, psi_dim)),
+        "h0": ("float32", (lstm,)),
+        "c0": ("float32", (lstm,)),
+        **{name: (dtype, (steps + 1,)) for name, dtype in (extras or {}).items()},
     }
+
+
+def sequence_layout(cfg: Config) -> Layout:
+    """The sequence layout of a configuration."""
+    return sequence_fields(cfg.sequence.total, env_spec(cfg.env).obs_shape, cfg.net.lstm, 2 * cfg.num_components,
+                           observation_extras(cfg))
 
 
 def batch_layout(cfg: Config) -> Layout:

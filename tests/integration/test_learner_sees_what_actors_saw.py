@@ -15,7 +15,7 @@ from lbc.codec import decode, encode
 from lbc.config import load_config
 from lbc.envs import make_envs
 from lbc.nets import build_agent
-from lbc.sequences import stack, validate_sequence
+from lbc.sequences import sequence_layout, stack, validate_sequence
 from learner_svc.training import to_time_major
 
 NUM_ENVS = 4
@@ -33,8 +33,7 @@ def _play(cfg, steps: int) -> tuple[torch.nn.Module, list[dict[str, np.ndarray]]
     rng = np.random.default_rng(0)
     psi = np.concatenate([rng.uniform(0.5, 3.0, (NUM_ENVS, k)), rng.dirichlet(np.ones(k), NUM_ENVS)], 1)
     psi = psi.astype(np.float32)
-    builder = SequenceBuilder(NUM_ENVS, cfg.sequence.burn_in, cfg.sequence.length, envs.spec.obs_shape,
-                              cfg.net.lstm, 2 * k)
+    builder = SequenceBuilder(NUM_ENVS, cfg.sequence.burn_in, sequence_layout(cfg))
     obs = envs.reset()
     inputs = CoreInputs.start(net, NUM_ENVS)
     generator = torch.Generator().manual_seed(0)

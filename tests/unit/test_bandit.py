@@ -234,3 +234,23 @@ def test_a_damaged_bandit_snapshot_falls_back_to_the_one_before(tmp_path, caplog
     (path.parent / "state.json.prev").write_text("")
     with pytest.raises(ValueError, match="no bandit snapshot"):
         BanditState(cfg).restore(path)
+
+
+@pytest.mark.parametrize("preset, kind, names", [("cpu", "BehaviourController", 6), ("dice", "BvaController", 2),
+                                                 ("gdi-i3", "BvaController", 3), ("agent57", "MixtureController", 1)])
+def test_one_factory_makes_each_preset_s_controller(preset, kind, names):
+    """lbc.controllers chooses the algorithm from the configuration alone; every controller answers the
+    Controller interface with as many arms as it names dimensions, and learns from a return."""
+    from lbc.config import load_config
+    from lbc.controllers import dimension_names, make_controller
+
+    cfg = load_config(preset)
+    ctl = make_controller(cfg, seed=3)
+    assert type(ctl).__name__ == kind and len(dimension_names(cfg)) == names
+    choice = ctl.select()
+    assert len(choice.arms) == names and len(ctl.stats()) == names
+    ctl.update(choice.arms, 1.0)
+    assert ctl.episodes == 1
+    other = make_controller(cfg, seed=4)
+    other.load_dict(ctl.to_dict())
+    assert other.episodes == 1

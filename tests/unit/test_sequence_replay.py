@@ -12,6 +12,7 @@ from lbc.behaviour import behaviour_probs, sample_actions
 from lbc.config import load_config
 from lbc.envs import make_envs
 from lbc.nets import build_net
+from lbc.sequences import sequence_layout
 from learner_svc.training import to_time_major
 
 
@@ -21,7 +22,7 @@ def test_replayed_sequences_reproduce_the_actors_behaviour_probabilities() -> No
     torch.manual_seed(0)
     net = build_net(cfg, envs.spec.obs_shape, envs.spec.num_actions).eval()
     n = cfg.num_policies
-    builder = SequenceBuilder(4, cfg.sequence.burn_in, cfg.sequence.length, envs.spec.obs_shape, cfg.net.lstm, 2 * n)
+    builder = SequenceBuilder(4, cfg.sequence.burn_in, sequence_layout(cfg))
     gen = torch.Generator().manual_seed(1)
     tau = torch.rand(4, n, generator=gen) * 5
     omega = torch.softmax(torch.randn(4, n, generator=gen), -1)

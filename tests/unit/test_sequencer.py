@@ -2,11 +2,12 @@ import numpy as np
 import pytest
 
 from actor_svc.sequencer import SequenceBuilder
+from lbc.sequences import sequence_fields
 
 
 def test_sequences_overlap_by_burn_in_and_carry_the_state():
     burn, length, envs, lstm = 2, 3, 2, 4
-    builder = SequenceBuilder(envs, burn, length, (1,), lstm, 2)
+    builder = SequenceBuilder(envs, burn, sequence_fields(burn + length, (1,), lstm, 2))
     out = []
     for t in range(12):
         obs = np.full((envs, 1), t, np.uint8)
@@ -31,7 +32,8 @@ def test_sequences_overlap_by_burn_in_and_carry_the_state():
 def test_extra_observation_fields_travel_and_overlap_like_the_observations():
     """NGU's j and intrinsic reward are recorded per observation and shifted with them."""
     burn, length, envs = 1, 2, 2
-    builder = SequenceBuilder(envs, burn, length, (1,), 2, 2, {"mixture": "int32", "prev_intrinsic": "float32"})
+    builder = SequenceBuilder(envs, burn, sequence_fields(burn + length, (1,), 2, 2,
+                                                     {"mixture": "int32", "prev_intrinsic": "float32"}))
     out = []
     for t in range(7):
         extras = {"mixture": np.array([3, 5], np.int32), "prev_intrinsic": np.full(envs, t / 10, np.float32)}
@@ -46,3 +48,23 @@ def test_extra_observation_fields_travel_and_overlap_like_the_observations():
     with pytest.raises(ValueError, match="extra fields"):
         builder.observe(np.zeros((envs, 1), np.uint8), np.zeros(envs), np.zeros(envs), np.zeros(envs, bool),
                         np.zeros((envs, 2)), np.zeros((envs, 2)), 0)
+
+
+def test_the_layout_drives_the_builder():
+    """Whatever the layout holds (here NGU's extra fields and a 2x3 observation), the builder's sequences
+    have exactly its fields, dtypes and shapes; a layout that is not a sequence's is refused."""
+    from lbc.codec import check_layout
+
+    layout = sequence_fields(4, (2, 3), 5, 6, {"mixture": "int32", "prev_intrinsic": "float32"})
+    builder = SequenceBuilder(2, 1, layout)
+    out = []
+    for t in range(9):
+        extras = {"mixture": np.array([1, 2], np.int32), "prev_intrinsic": np.zeros(2, np.float32)}
+        out += builder.observe(np.full((2, 2, 3), t, np.uint8), np.zeros(2), np.zeros(2), np.zeros(2, bool),
+                               np.zeros((2, 5)), np.zeros((2, 5)), 0, extras)
+        builder.act(np.zeros(2), np.zeros(2), np.zeros(2, bool), np.ones(2), np.zeros((2, 6)))
+    assert len(out) == 4
+    for seq, _ in out:
+        check_layout(seq, layout)
+    with pytest.raises(ValueError, match="not a sequence layout"):
+        SequenceBuilder(2, 1, {k: v for k, v in layout.items() if k != "psi"})
