@@ -18,7 +18,7 @@ from actor_svc.ngu_acting import NguActing
 from actor_svc.peers import BehaviourSource, EpisodeBehaviour, ParamPuller, SequenceSender
 from actor_svc.sequencer import SequenceBuilder
 from lbc.acting import CoreInputs, forward
-from lbc.behaviour import behaviour_probs, sample_actions
+from lbc.behaviour import behaviour_probs, join_psi, sample_actions, split_psi
 from lbc.config import Config
 from lbc.envs import make_envs
 from lbc.nets import build_agent
@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         for e, chosen in enumerate(episode):
             ngu.new_episode(e, chosen.mixture)
     # psi per environment, recorded with every step; tau and omega are views of it for the forward pass
-    psi = np.array([np.concatenate([b.tau, b.omega]) for b in episode], dtype=np.float32)
-    tau, omega = torch.from_numpy(psi[:, :n]), torch.from_numpy(psi[:, n:])
+    psi = np.stack([join_psi(b.tau, b.omega) for b in episode])
+    tau, omega = split_psi(torch.from_numpy(psi), n)
     ep_return = np.zeros(num_envs)
     recent: deque[float] = deque(maxlen=100)
     recent_exploit: deque[float] = deque(maxlen=100)   # NGU: episodes played by j = 0
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             behaviours.report(episode[e].episode_id, float(ep_return[e]))
             ep_return[e] = 0.0
             episode[e] = behaviours.next()
-            psi[e] = np.concatenate([episode[e].tau, episode[e].omega])
+            psi[e] = join_psi(episode[e].tau, episode[e].omega)
             if ngu:
                 ngu.new_episode(e, episode[e].mixture)
         if result.done.any():

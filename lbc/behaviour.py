@@ -11,8 +11,30 @@ softmax(A_2/tau_2), i.e. tau = (1/tau_1, 1/tau_2) and omega = (eps, 1 - eps), on
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypeVar
+
 import numpy as np
 import torch
+
+ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
+
+
+def join_psi(tau: Sequence[float] | np.ndarray, omega: Sequence[float] | np.ndarray) -> np.ndarray:
+    """One episode's psi as it is recorded with every step and sent in a sequence: the K values of the
+    first slot (tau_i: the inverse temperatures of the Boltzmann mixture; epsilon_i for the epsilon-greedy
+    mixture; GDI: 1/tau_1, 1/tau_2), then the K mixture weights omega_i (GDI: eps, 1 - eps), float32 [2K].
+    `split_psi` is its inverse; the layout of psi is defined by these two functions only."""
+    return np.concatenate([np.asarray(tau, np.float32), np.asarray(omega, np.float32)], axis=-1)
+
+
+def split_psi(psi: ArrayT, components: int) -> tuple[ArrayT, ArrayT]:
+    """(first slot, omega) from psi [..., 2K] (numpy or torch), as views."""
+    return psi[..., :components], psi[..., components:]
+
+
+def psi_width(components: int) -> int:
+    return 2 * components
 
 
 def boltzmann_mixture(adv: torch.Tensor, tau: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:

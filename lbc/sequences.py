@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from lbc.behaviour import psi_problem
+from lbc.behaviour import psi_problem, psi_width, split_psi
 from lbc.codec import CodecError, Layout, check_layout
 from lbc.config import Config
 from lbc.envs import env_spec
@@ -46,7 +46,7 @@ def sequence_fields(steps: int, obs_shape: tuple[int, ...], lstm: int, psi_dim: 
 
 def sequence_layout(cfg: Config) -> Layout:
     """The sequence layout of a configuration."""
-    return sequence_fields(cfg.sequence.total, env_spec(cfg.env).obs_shape, cfg.net.lstm, 2 * cfg.num_components,
+    return sequence_fields(cfg.sequence.total, env_spec(cfg.env).obs_shape, cfg.net.lstm, psi_width(cfg.num_components),
                            observation_extras(cfg))
 
 
@@ -94,8 +94,7 @@ def _check_values(arrays: Mapping[str, np.ndarray], cfg: Config) -> None:
     for name in ("reward", "prev_reward"):
         if not np.all(np.abs(arrays[name]) <= bound):   # False for NaN too
             raise CodecError(f"{name} not finite or beyond env.max_abs_reward={bound:g}", "value")
-    k = cfg.num_components
-    problem = psi_problem(arrays["psi"][..., :k], arrays["psi"][..., k:], cfg.tau_max)
+    problem = psi_problem(*split_psi(arrays["psi"], cfg.num_components), cfg.tau_max)
     if problem:
         raise CodecError(f"psi: {problem}", "value")
     if not np.all(np.abs(arrays["h0"]) <= 1.0 + 1e-5):

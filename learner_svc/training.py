@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lbc.behaviour import log_boltzmann_mixture
+from lbc.behaviour import log_boltzmann_mixture, split_psi
 from lbc.config import Config, LearnerConfig
 from lbc.envs import env_spec
 from lbc.losses import LossScales, lbc_policy_loss
@@ -105,10 +105,10 @@ class Trainer:
         if lc.target_policy == "softmax":
             return torch.log_softmax(adv, dim=-1), None
         if lc.target_policy == "behaviour_temperature":   # DiCE: softmax(tau_i A_i), gradient scaled by 1/tau_i
-            tau = psi[..., :k].clamp_min(lc.min_target_tau)
+            tau = split_psi(psi, k)[0].clamp_min(lc.min_target_tau)
             return torch.log_softmax(adv * tau.unsqueeze(-1), dim=-1), 1.0 / tau[:-1]
         # GDI: every policy learns the episode's whole mixture
-        mixture = log_boltzmann_mixture(adv[:, :, self.components], psi[..., :k], psi[..., k:])
+        mixture = log_boltzmann_mixture(adv[:, :, self.components], *split_psi(psi, k))
         return mixture.unsqueeze(2).expand_as(adv), None
 
     def _loss(self, batch: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -134,3 +134,19 @@ def test_quarter_root_by_hand():
     r = torch.tensor([1.0, -15.0, 0.0, 80.0], dtype=torch.float64)
     expected = torch.tensor([2 ** 0.25 - 1 + 0.001, -1.0 - 0.015, 0.0, 3.0 - 1.0 + 0.08], dtype=torch.float64)
     torch.testing.assert_close(quarter_root(r), expected)
+
+
+def test_psi_is_joined_and_split_in_one_place():
+    import numpy as np
+    import torch
+
+    from lbc.behaviour import join_psi, psi_width, split_psi
+
+    psi = join_psi([0.5, 2.0, 9.0], (0.2, 0.3, 0.5))
+    assert psi.dtype == np.float32 and psi.shape == (psi_width(3),)
+    tau, omega = split_psi(psi, 3)
+    np.testing.assert_allclose(tau, [0.5, 2.0, 9.0])
+    np.testing.assert_allclose(omega, [0.2, 0.3, 0.5])
+    batch = torch.from_numpy(np.stack([psi, psi[::-1].copy()]))[None]   # [1, 2, 6], as the learner holds it
+    t, w = split_psi(batch, 3)
+    assert t.shape == w.shape == (1, 2, 3) and float(w[0, 1, 0]) == 9.0
