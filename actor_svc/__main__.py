@@ -21,7 +21,7 @@ from lbc.acting import CoreInputs, forward
 from lbc.behaviour import behaviour_probs, join_psi, sample_actions, split_psi
 from lbc.config import Config
 from lbc.envs import make_envs
-from lbc.nets import build_agent
+from lbc.nets import build_agent, policy_net
 from lbc.scores import human_normalised
 from lbc.sequences import sequence_layout
 from lbc.service import (
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     envs = make_envs(cfg.env, num_envs, seed=seed)
     spec = envs.spec
     agent = build_agent(cfg, spec.obs_shape, spec.num_actions).eval()
-    net = agent.net if cfg.ngu.enabled else agent
+    net = policy_net(agent)
     ngu = NguActing(cfg, args.index, num_envs, agent.aux) if cfg.ngu.enabled else None
     puller = ParamPuller(cfg, actor_id, agent)
     behaviours = BehaviourSource(cfg, actor_id)

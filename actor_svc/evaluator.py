@@ -28,7 +28,7 @@ from lbc.acting import CoreInputs, evaluation_policy, evaluation_probs, forward
 from lbc.behaviour import sample_actions
 from lbc.config import Config, EnvConfig
 from lbc.envs import VectorEnvs, make_envs
-from lbc.nets import build_agent
+from lbc.nets import build_agent, policy_net
 from lbc.scores import summarise
 
 log = logging.getLogger("evaluator")
@@ -113,7 +113,7 @@ def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
     envs = make_envs(eval_env_config(cfg), ec.num_envs, seed=ec.seed)
     spec = envs.spec
     agent = build_agent(cfg, spec.obs_shape, spec.num_actions).eval()
-    net = agent.net if cfg.ngu.enabled else agent
+    net = policy_net(agent)
     ngu = NguActing(cfg, 0, ec.num_envs, agent.aux) if cfg.ngu.enabled else None
     puller = ParamPuller(cfg, f"evaluator-{index}", agent)
     policy = evaluation_policy(cfg)

@@ -33,8 +33,7 @@ from lbc.config import PRESETS, Config, load_config
 from lbc.envs import make_envs
 from lbc.nets import build_agent
 from lbc.sequences import sequence_layout
-from learner_svc.ngu_training import NguTrainer
-from learner_svc.training import Trainer
+from learner_svc.trainers import make_trainer
 
 
 def env_rate(cfg: Config, seconds: float) -> float:
@@ -124,7 +123,7 @@ def learner_rate(cfg: Config, seconds: float) -> float:
     batch["behaviour_prob"][:] = 0.3
     # one core: the batch is not split across threads
     one_part = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"split_batch": 1})})
-    trainer = NguTrainer(one_part) if cfg.ngu.enabled else Trainer(one_part)
+    trainer = make_trainer(one_part)
     trainer.train_step(batch)
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:

@@ -329,3 +329,8 @@ def build_agent(cfg, obs_shape: tuple[int, ...], num_actions: int) -> nn.Module:
     if not cfg.ngu.enabled:
         return net
     return NguAgent(net, NguAux(obs_shape, num_actions, cfg.ngu.embedding_dim, cfg.ngu.rnd_dim))
+
+
+def policy_net(agent: nn.Module) -> LBCNet:
+    """The network that acts and that the RL loss trains, within what build_agent made."""
+    return agent.net if isinstance(agent, NguAgent) else agent

@@ -120,7 +120,7 @@ def find_checkpoint(run_dir: Path, version: int | None) -> tuple[Path, dict]:
 def play_cli(args: argparse.Namespace) -> int:
     from actor_svc.evaluator import play
     from lbc.acting import evaluation_policy
-    from lbc.nets import build_agent
+    from lbc.nets import build_agent, policy_net
 
     run_dir = Path(args.run)
     config_path = run_dir / "config.json"
@@ -133,7 +133,7 @@ def play_cli(args: argparse.Namespace) -> int:
     game = RenderedGame(cfg.env, args.seed, args.max_frames, record=args.video is not None)
     agent = build_agent(cfg, game.spec.obs_shape, game.spec.num_actions).eval()
     agent.load_state_dict(state["model"])
-    net = agent.net if cfg.ngu.enabled else agent
+    net = policy_net(agent)
     ngu = None
     if cfg.ngu.enabled:
         from actor_svc.ngu_acting import NguActing

@@ -15,7 +15,7 @@ from lbc.behaviour import log_boltzmann_mixture, split_psi
 from lbc.config import Config, LearnerConfig
 from lbc.envs import env_spec
 from lbc.losses import LossScales, lbc_policy_loss
-from lbc.nets import LBCNet, build_agent
+from lbc.nets import LBCNet, build_agent, policy_net
 from lbc.rewards import REWARD_SHAPING
 
 
@@ -75,7 +75,7 @@ class Trainer:
         self.device = pick_device(cfg.learner.device)
         # agent: what is published and checkpointed; model: the network the RL loss trains
         self.agent = build_agent(cfg, spec.obs_shape, spec.num_actions).to(self.device)
-        self.model: LBCNet = (self.agent.net if cfg.ngu.enabled else self.agent).set_channels_last(True)
+        self.model: LBCNet = policy_net(self.agent).set_channels_last(True)
         lc = cfg.learner
         self.optimiser = build_optimiser(self.model, lc)
         self.scales = LossScales(v=lc.v_loss_scale, q=lc.q_loss_scale, pi=lc.pi_loss_scale,
