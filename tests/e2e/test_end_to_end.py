@@ -84,8 +84,8 @@ def test_short_pong_run(tmp_path):
 # dice-fixed acts with softmax(A / 1) for good, and is evaluated with it (docs/decisions.md 28): advantages of
 # Catch's +-1 returns never make it near-greedy (its return wanders between 0.64 and 0.84), hence its bar.
 @pytest.mark.parametrize("preset, target", [
-    ("impala", 0.9), ("dice", 0.9), ("dice-fixed", 0.5), ("dice-random", 0.9), ("gdi-i3", 0.9), ("gdi-h3", 0.9),
-    ("lbc-reduce-h", 0.9), ("lbc-reduce-h-psi", 0.9), ("lbc-random", 0.9)])
+    ("impala", 0.9), ("impala-cpu", 0.9), ("dice", 0.9), ("dice-fixed", 0.5), ("dice-random", 0.9), ("gdi-i3", 0.9),
+    ("gdi-h3", 0.9), ("lbc-reduce-h", 0.9), ("lbc-reduce-h-psi", 0.9), ("lbc-random", 0.9)])
 def test_preset_learns_catch(tmp_path, preset, target):
     """Other systems of the papers, on the same harness: Catch to near-optimal (random play scores about
     -0.6). lbc-bm on these sizes is the `catch` preset, above."""
