@@ -56,10 +56,10 @@ def test_config_show_prints_the_resolved_preset_with_overrides(capsys, monkeypat
     from lbc.cli import main
 
     monkeypatch.delenv("LBC_PRESET", raising=False)
-    assert main(["config", "show", "--preset", "impala-cpu", "--set", "net.core=feedforward"]) == 0
+    assert main(["config", "show", "--preset", "impala", "--set", "learner.batch_size=8"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["preset"] == "impala-cpu" and shown["net"]["core"] == "feedforward"
-    assert shown["learner"]["batch_size"] == 8 and shown["learner"]["optimiser"] == "rmsprop"   # preset over defaults
+    assert shown["preset"] == "impala" and shown["learner"]["batch_size"] == 8     # the override over the preset
+    assert shown["learner"]["optimiser"] == "rmsprop" and shown["net"]["core"] == "layernorm_lstm"   # preset, default
     assert main(["config", "show", "--section", "replay"]) == 0
     assert list(json.loads(capsys.readouterr().out)) == ["replay"]
     with pytest.raises(SystemExit, match="learner.batch_sise"):
