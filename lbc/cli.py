@@ -118,6 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("--video", default=None, help="mp4 to write (default: none)")
     play.add_argument("--seed", type=int, default=0, help="seed of the games and the policy's draws (default 0)")
     play.add_argument("--max-frames", type=int, default=None, help="cap per episode (default: the run's env cap)")
+
+    export = sub.add_parser("export", help="write a run's acting network as ONNX or TorchScript, with a JSON of its "
+                                           "inputs, outputs, preprocessing and behaviour",
+                            description="Loads a run's checkpoint (weights only) and writes its acting step: "
+                                        "observation, previous action and reward, episode start and recurrent state "
+                                        "in; every head's advantages and values and the new state out. The batch "
+                                        "axis is free. Beside it, a .json says how to prepare frames and act.")
+    export.add_argument("run", help="run folder, e.g. runs/cpu-breakout")
+    export.add_argument("--version", type=int, default=None,
+                        help="parameter version of the checkpoint to export, among those kept (default: the newest)")
+    export.add_argument("--format", choices=["onnx", "torchscript"], default="onnx", help="file format (default onnx)")
+    export.add_argument("--out", default=None,
+                        help="file to write (default: RUN/export/policy-vVERSION.onnx, or .pt for torchscript)")
     return parser
 
 
@@ -257,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "config":
         return show_config(args)
+    if args.command == "export":
+        from lbc.export import export_cli
+
+        return export_cli(args)
     if args.command == "play":
         from lbc.play import play_cli
 

@@ -88,6 +88,14 @@ def dead_units(module: nn.Module, x: torch.Tensor) -> dict[str, float]:
     return {name: float((a == 0).float().mean()) for name, a in zip(relus, activity, strict=True)}
 
 
+def lower_median(x: torch.Tensor, by_sort: bool = False) -> torch.Tensor:
+    """The lower median over the last axis (element (n - 1) // 2 in sorted order), as torch.median gives.
+    by_sort reads it off a full sort, which ONNX can express (it has no median); torch.median is ~3x faster."""
+    if by_sort:
+        return x.sort(dim=-1).values[..., (x.shape[-1] - 1) // 2]
+    return x.median(dim=-1).values
+
+
 class MlpTorso(nn.Module):
     """For the small built-in games (Catch): two fully connected layers."""
 
@@ -217,6 +225,7 @@ class LBCNet(nn.Module):
             raise ValueError(f"unknown init {init!r}")
         self.init = init
         self.centre_frames = centre_frames
+        self.median_by_sort = False   # lbc.export sets it: ONNX has no median
         if init == "orthogonal":
             init_relu_layers(self.torso)
         if core == "feedforward":
@@ -239,7 +248,7 @@ class LBCNet(nn.Module):
         less its median in [-1, 1]."""
         if self.centre_frames:
             # [M, C]: the background's grey, from every 4th pixel each way (16x faster than all, same on Atari)
-            median = frames[..., ::4, ::4].flatten(2).median(dim=-1).values
+            median = lower_median(frames[..., ::4, ::4].flatten(2), self.median_by_sort)
             frames = frames.float().sub_(median.float()[..., None, None])
         if isinstance(self.torso, _ConvTorso):   # lay out the uint8 frames, so the float copy is the only big one
             frames = frames.contiguous(memory_format=self.torso.memory_format)

@@ -13,15 +13,15 @@ Breakout; Pillow's box filter differed by 1.6, its bilinear by 1.0). The episode
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 
-from lbc.config import Config, EnvConfig
+from lbc.config import EnvConfig
 from lbc.envs import ATARI_FULL_ACTIONS, StepResult, env_spec
+from lbc.run_folder import find_checkpoint, load_config_of
 
 
 class RenderedGame:
@@ -102,34 +102,16 @@ class RenderedGame:
         pass
 
 
-def find_checkpoint(run_dir: Path, version: int | None) -> tuple[Path, dict]:
-    """The newest checkpoint, or the one holding parameter `version`; loaded with weights_only=True."""
-    found = sorted((run_dir / "checkpoints").glob("ckpt-*.pt"))
-    if not found:
-        raise SystemExit(f"lbc play: no checkpoint in {run_dir / 'checkpoints'}")
-    candidates = reversed(found) if version is None else found
-    seen = []
-    for path in candidates:
-        state = torch.load(path, weights_only=True, map_location="cpu")
-        if version is None or int(state["version"]) == version:
-            return path, state
-        seen.append(int(state["version"]))
-    raise SystemExit(f"lbc play: no checkpoint of version {version} in {run_dir}; versions kept: {seen}")
-
-
 def play_cli(args: argparse.Namespace) -> int:
     from actor_svc.evaluator import play
     from lbc.acting import evaluation_policy
     from lbc.nets import build_agent, policy_net
 
     run_dir = Path(args.run)
-    config_path = run_dir / "config.json"
-    if not config_path.exists():
-        raise SystemExit(f"lbc play: {config_path} not found (is {run_dir} a run folder?)")
-    cfg = Config(**json.loads(config_path.read_text()))
+    cfg = load_config_of(run_dir, "play")
     if cfg.env.kind != "atari":
         raise SystemExit("lbc play: only Atari runs can be watched")
-    path, state = find_checkpoint(run_dir, args.version)
+    path, state = find_checkpoint(run_dir, args.version, "play")
     game = RenderedGame(cfg.env, args.seed, args.max_frames, record=args.video is not None)
     agent = build_agent(cfg, game.spec.obs_shape, game.spec.num_actions).eval()
     agent.load_state_dict(state["model"])

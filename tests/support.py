@@ -145,3 +145,19 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.5) -> Non
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def run_folder_with_checkpoint(run: Path, cfg, step: int, version: int) -> None:
+    """A run folder as the launcher leaves it, holding one checkpoint of a fresh agent (cfg: Config with
+    run_dir=run): what `lbc play` and `lbc export` read."""
+    from lbc.envs import env_spec
+    from lbc.nets import build_agent
+    from learner_svc import checkpoint
+    from learner_svc.training import build_optimiser
+
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "config.json").write_text(cfg.model_dump_json())
+    spec = env_spec(cfg.env)
+    agent = build_agent(cfg, spec.obs_shape, spec.num_actions)
+    checkpoint.save(run / "checkpoints", agent, build_optimiser(agent, cfg.learner),
+                    checkpoint.Counters(step, version, 0))

@@ -4,7 +4,7 @@ import torch
 
 from lbc.config import load_config
 from lbc.envs import env_spec
-from lbc.nets import LayerNormLSTM, PlainLSTM, build_net
+from lbc.nets import LayerNormLSTM, PlainLSTM, build_net, lower_median
 
 
 def _count(model):
@@ -216,3 +216,11 @@ def test_feedforward_core_reads_the_frame_alone():
 def test_ngu_refuses_the_feedforward_core():
     with pytest.raises(ValueError, match="recurrent net.core"):
         load_config("ngu", ["net.core=feedforward"])
+
+
+def test_the_sorted_median_is_torch_median():
+    """The ONNX-expressible median (a sort) picks the same element as torch.median (the lower one)."""
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 7, 441):
+        x = torch.randint(0, 256, (5, 4, n), generator=g, dtype=torch.uint8)
+        assert torch.equal(lower_median(x, by_sort=True), x.median(dim=-1).values)

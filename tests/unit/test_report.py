@@ -12,6 +12,7 @@ from lbc.cli import build_parser, main
 from lbc.config import load_config
 from lbc.report import frames_at_version, load_run
 from lbc.tensorboard import TensorBoardLog, region_value
+from tests.support import run_folder_with_checkpoint
 
 
 def _write_run(folder, preset, game, returns, evals):
@@ -86,16 +87,8 @@ def test_play_writes_a_video_of_the_frames_played(tmp_path, capsys):
     """A checkpoint (a fresh agent) plays real Breakout; the mp4 decodes to the frames played."""
     import imageio.v2 as imageio
 
-    from lbc.nets import build_agent
-    from learner_svc import checkpoint
-    from learner_svc.training import build_optimiser
-
     run = tmp_path / "run"
-    cfg = load_config("cpu", ["env.game=breakout", f"run_dir={run}"])
-    run.mkdir()
-    (run / "config.json").write_text(cfg.model_dump_json())
-    agent = build_agent(cfg, (4, 84, 84), 18)
-    checkpoint.save(run / "checkpoints", agent, build_optimiser(agent, cfg.learner), checkpoint.Counters(7, 3, 0))
+    run_folder_with_checkpoint(run, load_config("cpu", ["env.game=breakout", f"run_dir={run}"]), step=7, version=3)
     video = tmp_path / "out.mp4"
     args = build_parser().parse_args(["play", str(run), "--episodes", "1", "--video", str(video),
                                       "--max-frames", "600", "--version", "3"])
