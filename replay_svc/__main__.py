@@ -35,6 +35,7 @@ from replay_svc.buffer import PrioritisedSequenceBuffer, RateLimiter, SequenceBu
 SIZE = Gauge("lbc_replay_sequences", "Sequences stored")
 BYTES = Gauge("lbc_replay_bytes", "Bytes stored")
 CAPACITY = Gauge("lbc_replay_capacity_sequences", "Sequence capacity")
+RATIO = Gauge("lbc_replay_ratio", "The replay ratio the rate limiter holds: samples drawn per sample inserted")
 INSERTED = Counter("lbc_replay_inserted_total", "Sequences accepted")
 SAMPLED = Counter("lbc_replay_sampled_total", "Sequences served to the learner")
 BATCHES = Counter("lbc_replay_batches_total", "Batches served")
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(cfg.env.seed + 7)
     reject = RejectLog(log)
     CAPACITY.set(rc.capacity_sequences)
+    RATIO.set(rc.replay_ratio)
 
     snapshot_path = Path(cfg.run_dir) / "replay" / "snapshot.bin"
     if rc.snapshot_every_s:

@@ -11,7 +11,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
-OVERLAYS = ["overlays/dev", "overlays/monitoring", "overlays/autoscale", "overlays/gpu", "overlays/secure", "."]
+OVERLAYS = ["overlays/dev", "overlays/monitoring", "overlays/autoscale", "overlays/keda", "overlays/gpu",
+            "overlays/secure", "."]
 WORKLOADS = ("Deployment", "StatefulSet")
 
 

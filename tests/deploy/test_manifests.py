@@ -23,7 +23,9 @@ from tests.deploy.manifests import (
     workloads,
 )
 
-CRD_KINDS = {"PodMonitor", "PrometheusRule"}   # Prometheus Operator: no schema bundled offline
+# custom resources (no schema bundled offline) and their API groups: Prometheus Operator's, KEDA's
+CRD_KINDS = {"PodMonitor": "monitoring.coreos.com/v1", "PrometheusRule": "monitoring.coreos.com/v1",
+             "ScaledObject": "keda.sh/v1alpha1"}
 KUBERNETES = kubernetes_validate.latest_version()
 # endpoint field -> (Service, the port name its pods serve it on)
 ENDPOINT_SERVICES = {
@@ -64,7 +66,7 @@ def test_renders_and_passes_strict_schema_validation(overlay: str) -> None:
     assert workloads(objects), "no workloads rendered"
     for obj in objects:
         if obj["kind"] in CRD_KINDS:
-            assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+            assert obj["apiVersion"] == CRD_KINDS[obj["kind"]]
             continue
         kubernetes_validate.validate(obj, KUBERNETES, strict=True)
 
@@ -241,7 +243,68 @@ def test_gpu_overlay_puts_the_learner_on_a_gpu_with_the_paper_preset() -> None:
                    for w in workloads(objects) if component(w) != "learner")
 
 
-@pytest.mark.parametrize("overlay", ["overlays/monitoring", "overlays/autoscale", "overlays/gpu"])
+# What KEDA documents for keda.sh/v1alpha1 ScaledObject (keda.sh/docs/2.x/reference/scaledobject-spec) and its
+# prometheus trigger (keda.sh/docs/2.x/scalers/prometheus): the fields that exist, those that must be given.
+KEDA_SPEC_FIELDS = {"scaleTargetRef", "pollingInterval", "cooldownPeriod", "initialCooldownPeriod", "idleReplicaCount",
+                    "minReplicaCount", "maxReplicaCount", "fallback", "advanced", "triggers"}
+KEDA_TARGET_FIELDS = {"apiVersion", "kind", "name", "envSourceContainerName"}
+KEDA_ADVANCED_FIELDS = {"restoreToOriginalReplicaCount", "horizontalPodAutoscalerConfig", "scalingModifiers"}
+KEDA_TRIGGER_FIELDS = {"type", "name", "metadata", "metricType", "authenticationRef", "useCachedMetrics"}
+KEDA_METRIC_TYPES = {"AverageValue", "Value", "Utilization"}
+PROMETHEUS_TRIGGER_REQUIRED = {"serverAddress", "query", "threshold"}
+PROMETHEUS_TRIGGER_FIELDS = PROMETHEUS_TRIGGER_REQUIRED | {
+    "activationThreshold", "namespace", "customHeaders", "ignoreNullValues", "queryParameters", "unsafeSsl", "timeout",
+    "authModes"}
+
+
+def test_keda_scaled_object_follows_kedas_spec_and_the_autoscalers_rule() -> None:
+    objects = render("overlays/keda")
+    assert not [w for w in workloads(objects) if w["metadata"]["name"] == "lbc-autoscaler"], \
+        "KEDA and lbc autoscale would both scale the actors"
+    (scaled,) = by_kind(objects, "ScaledObject")
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1" and scaled["metadata"]["namespace"] == "lbc"
+    spec = scaled["spec"]
+    assert set(spec) <= KEDA_SPEC_FIELDS and {"scaleTargetRef", "triggers"} <= set(spec)
+    target = spec["scaleTargetRef"]
+    assert set(target) <= KEDA_TARGET_FIELDS
+    actor = named(objects, target.get("kind", "Deployment"), target["name"])
+    assert component(actor) == "actor" and target.get("apiVersion", "apps/v1") == actor["apiVersion"]
+    for field in ("pollingInterval", "cooldownPeriod", "minReplicaCount", "maxReplicaCount"):
+        assert isinstance(spec[field], int) and spec[field] >= 0, field
+    # bounds, polling and cool-down: lbc autoscale's defaults, as components/autoscaler runs it
+    auto = cli.build_parser().parse_args(["autoscale", *container(named(render("overlays/autoscale"), "Deployment",
+                                                                               "lbc-autoscaler"))["args"]])
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (auto.min_replicas, auto.max_replicas)
+    assert (spec["pollingInterval"], spec["cooldownPeriod"]) == (auto.interval, auto.cooldown)
+    # the hysteresis as the HPA's behaviour: schema-checked inside a real autoscaling/v2 HPA object
+    assert set(spec["advanced"]) <= KEDA_ADVANCED_FIELDS
+    hpa_config = spec["advanced"]["horizontalPodAutoscalerConfig"]
+    assert set(hpa_config) <= {"name", "behavior"}
+    behavior = hpa_config["behavior"]
+    kubernetes_validate.validate({
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "keda-hpa-lbc-actor"},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target["name"]},
+                 "minReplicas": spec["minReplicaCount"], "maxReplicas": spec["maxReplicaCount"],
+                 "behavior": behavior}}, KUBERNETES, strict=True)
+    for direction in ("scaleUp", "scaleDown"):
+        assert behavior[direction]["stabilizationWindowSeconds"] == auto.patience * auto.interval
+        (policy,) = behavior[direction]["policies"]
+        assert policy["type"] == "Percent" and policy["periodSeconds"] == auto.cooldown
+    assert behavior["scaleUp"]["policies"][0]["value"] == 100 and behavior["scaleDown"]["policies"][0]["value"] == 50
+    (trigger,) = spec["triggers"]
+    assert set(trigger) <= KEDA_TRIGGER_FIELDS and trigger["type"] == "prometheus"
+    assert trigger["metricType"] in KEDA_METRIC_TYPES
+    meta = trigger["metadata"]
+    assert PROMETHEUS_TRIGGER_REQUIRED <= set(meta) <= PROMETHEUS_TRIGGER_FIELDS
+    assert all(isinstance(v, str) for v in meta.values()), "KEDA's trigger metadata is a map of strings"
+    assert re.fullmatch(r"https?://[a-z0-9.-]+(:\d+)?", meta["serverAddress"])
+    # AverageValue with threshold 1: the HPA asks for ceil(value / 1) replicas, the rounded n* itself
+    assert trigger["metricType"] == "AverageValue" and float(meta["threshold"]) == 1.0
+    assert meta["ignoreNullValues"] == "false"
+    assert "lbc:actor_balanced_replicas" in meta["query"] and 'namespace="lbc"' in meta["query"]
+
+
+@pytest.mark.parametrize("overlay", ["overlays/monitoring", "overlays/autoscale", "overlays/keda", "overlays/gpu"])
 def test_monitoring_objects(overlay: str) -> None:
     objects = render(overlay)
     (monitor,) = by_kind(objects, "PodMonitor")

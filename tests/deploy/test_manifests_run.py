@@ -2,16 +2,18 @@
 with its command, args and environment (Service names resolved to 127.0.0.1, volumes mapped to
 temporary folders), its readiness probe must pass, and trajectories and parameters must flow.
 Then a real Prometheus scrapes those processes with the PodMonitor's labels and the rules loaded,
-and every query of the dashboard and the rules must return data."""
+and every query of the dashboard and the rules must return data, KEDA's among them."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -148,10 +150,10 @@ def prometheus(pods: dict[str, Pod], tmp_path_factory: pytest.TempPathFactory) -
         log.close()
 
 
-def _query(url: str, expr: str) -> list[dict]:
+def _query(url: str, expr: str, at: float | None = None) -> list[dict]:
+    params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
     try:
-        with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}",
-                                    timeout=5) as resp:
+        with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode(params)}", timeout=5) as resp:
             body = json.load(resp)
     except OSError:
         return []
@@ -205,6 +207,36 @@ def test_every_dashboard_and_rule_expression_returns_data(pods: dict[str, Pod], 
     assert {r["metric"]["component"] for r in _query(prometheus, dashboard_cpu_query())} == set(pods)
     heat = _query(prometheus, 'sum by (arm) (lbc_bandit_selections_total{namespace="lbc", run="dev"})')
     assert len(heat) >= 1 and all("arm" in r["metric"] for r in heat)
+
+
+def test_kedas_query_returns_what_lbc_autoscale_would_compute(pods: dict[str, Pod], prometheus: str) -> None:
+    """The ScaledObject's query returns one whole replica count on the running system, and the rule behind
+    it equals lbc.scaling's n* computed from the same Prometheus's rates at the same instant."""
+    from lbc.scaling import ReplayRates, balanced_replicas
+
+    test_trajectories_and_parameters_flow(pods)
+    (scaled,) = by_kind(render("overlays/keda"), "ScaledObject")
+    query = scaled["spec"]["triggers"][0]["metadata"]["query"]
+    wait_for(lambda: _query(prometheus, query), 90, "KEDA's query returning data", interval=3)
+    (sample,) = _query(prometheus, query)
+    count = float(sample["value"][1])
+    assert math.isfinite(count) and count >= 1 and count == round(count)
+
+    (rule,) = [r for g in yaml.safe_load(RULE.read_text())["spec"]["groups"] for r in g["rules"]
+               if r.get("record") == "lbc:actor_balanced_replicas"]
+    at = time.time() - 3
+
+    def scalar(expr: str) -> float:
+        (result,) = _query(prometheus, expr, at)
+        return float(result["value"][1])
+
+    replay = '{namespace="lbc", run="dev", component="replay"}'
+    rates = ReplayRates(*(scalar(f"sum(rate({name}{replay}[2m]))") for name in (
+        "lbc_replay_inserted_total", "lbc_replay_sampled_total", "lbc_replay_insert_blocked_seconds_total",
+        "lbc_replay_sample_blocked_seconds_total")))
+    actors = int(scalar('count(up{namespace="lbc", run="dev", component="actor"} == 1)'))
+    want = balanced_replicas(actors, rates, scalar(f"max(lbc_replay_ratio{replay})"))
+    assert scalar(rule["expr"]) == pytest.approx(want, rel=1e-6), (rates, actors)
 
 
 def dashboard_cpu_query() -> str:
