@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         backoff.wait(stop)
     set_serving(health, ["lbc.v1.Actor"])
     log.info("actor %s up: %d x %s, version %d", actor_id, num_envs,
-             cfg.env.game if cfg.env.kind == "atari" else cfg.env.kind, puller.version)
+             cfg.env.name, puller.version)
 
     obs = envs.reset()
     inputs = CoreInputs.start(net, num_envs)
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     recent: deque[float] = deque(maxlen=100)
     recent_exploit: deque[float] = deque(maxlen=100)   # NGU: episodes played by j = 0
     episodes = 0
-    frame_skip = cfg.env.frameskip if cfg.env.kind == "atari" else 1
+    frame_skip = cfg.env.frames_per_step
     steps = 0
     last_log = time.monotonic()
     while not stop.is_set():

@@ -45,7 +45,10 @@ EVAL_SECONDS = Gauge("lbc_eval_seconds", "Wall time of the last evaluation")
 
 
 def eval_env_config(cfg: Config) -> EnvConfig:
-    """The actors' environment with the evaluation protocol: sticky actions only when asked."""
+    """The actors' environment with the evaluation protocol: sticky actions only when asked (Atari; other
+    kinds are evaluated as they are played, e.g. MinAtar with its sticky actions)."""
+    if cfg.env.kind != "atari":
+        return cfg.env
     return cfg.env.model_copy(update={"repeat_action_probability": 0.25 if cfg.eval.sticky_actions else 0.0})
 
 
@@ -109,7 +112,7 @@ def play(cfg: Config, net: torch.nn.Module, envs: VectorEnvs, episodes: int, see
 def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
     """The evaluator's loop; returns when `stop` is set."""
     ec = cfg.eval
-    game = cfg.env.game if cfg.env.kind == "atari" else cfg.env.kind
+    game = cfg.env.name
     envs = make_envs(eval_env_config(cfg), ec.num_envs, seed=ec.seed)
     spec = envs.spec
     agent = build_agent(cfg, spec.obs_shape, spec.num_actions).eval()
@@ -118,7 +121,7 @@ def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
     puller = ParamPuller(cfg, f"evaluator-{index}", agent)
     policy = evaluation_policy(cfg)
     generator = torch.Generator().manual_seed(ec.seed)
-    frame_skip = cfg.env.frameskip if cfg.env.kind == "atari" else 1
+    frame_skip = cfg.env.frames_per_step
     out_path = Path(cfg.run_dir) / "eval.jsonl"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     log.info("evaluator up: %s, policy %s (eps %.3g), %d episodes on %d environments every %d versions, "

@@ -166,7 +166,7 @@ def main() -> int:
 
     cfg = load_config(args.preset, [f"env.game={args.game}", *args.overrides])
     torch.set_num_threads(1)
-    frame_skip = cfg.env.frameskip if cfg.env.kind == "atari" else 1
+    frame_skip = cfg.env.frames_per_step
     print(f"machine: {platform.processor() or platform.machine()}, {args.cores} cores, torch {torch.__version__}; "
           f"preset {args.preset}, game {args.game}, {cfg.env.num_envs} envs/actor, batch {cfg.learner.batch_size} x "
           f"{cfg.sequence.length} (+{cfg.sequence.burn_in} burn-in), replay ratio {cfg.replay.replay_ratio}",

@@ -25,9 +25,16 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# MinAtar's games and the channels of their 10x10 boards (minatar 1.0.15; tests/unit/test_envs.py checks them)
+MINATAR_CHANNELS = {"asterix": 4, "breakout": 4, "freeway": 7, "seaquest": 10, "space_invaders": 6}
+
+
 class EnvConfig(_Section):
-    kind: Literal["atari", "catch"] = "atari"
-    game: str = "pong"
+    kind: Literal["atari", "catch", "gymnasium", "minatar"] = Field(
+        "atari", description="atari (ale-py), catch (built in), gymnasium (any registered id with discrete "
+                             "actions: env.id), minatar (env.game one of MinAtar's five)")
+    game: str = Field("pong", description="the Atari game (a ROM ale-py holds) or the MinAtar game")
+    id: str = Field("", description="env.kind=gymnasium: the registered id, e.g. CartPole-v1 or ALE/Pong-v5")
     num_envs: int = Field(16, ge=1)
     num_threads: int = Field(1, ge=1, description="ALE worker threads per actor")
     seed: int = 0
@@ -50,6 +57,25 @@ class EnvConfig(_Section):
     catch_rows: int = Field(10, ge=3)
     catch_columns: int = Field(5, ge=2)
 
+    @model_validator(mode="after")
+    def _check_kind(self) -> EnvConfig:
+        if self.kind == "minatar" and self.game not in MINATAR_CHANNELS:
+            raise ValueError(unknown_name("MinAtar game (env.game)", self.game, sorted(MINATAR_CHANNELS)))
+        if self.kind == "gymnasium" and not self.id:
+            raise ValueError("env.kind=gymnasium needs env.id, a registered Gymnasium id (e.g. CartPole-v1)")
+        return self
+
+    @property
+    def name(self) -> str:
+        """What is played, for logs and reports: the Atari game, catch, the Gymnasium id, minatar-<game>."""
+        names = {"atari": self.game, "catch": "catch", "gymnasium": self.id, "minatar": f"minatar-{self.game}"}
+        return names[self.kind]
+
+    @property
+    def frames_per_step(self) -> int:
+        """Frames of the game per agent step: Atari's frame skip, else 1."""
+        return self.frameskip if self.kind == "atari" else 1
+
 
 class PolicySpec(_Section):
     """h_i = (gamma_i, RS_i) of one policy model."""
@@ -59,7 +85,10 @@ class PolicySpec(_Section):
 
 
 class NetConfig(_Section):
-    torso: Literal["small", "deep", "mlp"] = "small"
+    torso: Literal["small", "deep", "minatar", "mlp", "auto"] = Field(
+        "small", description="small / deep: IMPALA's convolutions (images of 36 px and more); minatar: one 3x3 "
+                             "convolution (small boards); mlp: vectors and small boards; auto: picked by the "
+                             "observation")
     hidden: int = Field(256, ge=8)
     lstm: int = Field(256, ge=8)
     core: Literal["lstm", "layernorm_lstm", "feedforward"] = Field(
@@ -346,12 +375,19 @@ class Config(BaseSettings):
     def _check(self) -> Config:
         if not self.policies:
             raise ValueError("policies: at least one policy is needed")
-        if self.env.kind == "catch" and self.net.torso != "mlp":
-            raise ValueError("env.kind=catch needs net.torso=mlp (its frames are not 84x84)")
-        if self.learner.recycle_every and self.net.torso == "deep":
-            raise ValueError("learner.recycle_every covers the small and mlp torsos, not net.torso=deep")
-        if self.env.kind == "atari" and self.net.torso == "mlp":
-            raise ValueError("net.torso=mlp is only for env.kind=catch")
+        # imported here: lbc.envs reads this module's EnvConfig
+        from lbc.envs import env_spec
+        from lbc.nets import resolve_torso, torso_problem
+
+        spec = env_spec(self.env)
+        problem = torso_problem(self.net.torso, spec.obs_shape)
+        if problem:
+            raise ValueError(f"{problem} (env {self.env.name})")
+        torso = resolve_torso(self.net.torso, spec.obs_shape)
+        if self.learner.recycle_every and torso not in ("small", "mlp"):
+            raise ValueError(f"learner.recycle_every covers the small and mlp torsos, not net.torso={torso}")
+        if self.net.centre_frames and spec.obs_dtype != "uint8":
+            raise ValueError("net.centre_frames is for image observations; these are vectors")
         if self.learner.split_batch > self.learner.batch_size:
             raise ValueError("learner.split_batch cannot exceed learner.batch_size")
         if self.replay.min_sequences < self.learner.batch_size:

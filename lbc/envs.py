@@ -1,32 +1,44 @@
 """Vectorised environments with one interface: Atari through ale-py's AtariVectorEnv (DESIGN §5
-protocol) and Catch, a small built-in game for learning checks that take minutes, not days.
+protocol); Catch, a small built-in game for learning checks that take minutes, not days; any Gymnasium
+environment with discrete actions (env.kind=gymnasium, env.id); and MinAtar's five games (env.kind=minatar).
 
-Both reset finished episodes in the same step: the observation returned with done=True is already
-the first one of the next episode.
+All reset finished episodes in the same step: the observation returned with done=True is already
+the first one of the next episode. Observations are uint8 images [C, H, W] (a Gymnasium image is moved
+to channels first) or float32 vectors [N].
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from lbc.config import EnvConfig
+from lbc.config import MINATAR_CHANNELS, EnvConfig
 
 ATARI_FULL_ACTIONS = 18
+
+
+MINATAR_ACTIONS = 6   # MinAtar's full action set, as Young & Tian (2019) train with
 
 
 @dataclass(frozen=True)
 class EnvSpec:
     obs_shape: tuple[int, ...]
     num_actions: int
+    obs_dtype: str = "uint8"     # or "float32" for vector observations
 
 
 def env_spec(cfg: EnvConfig) -> EnvSpec:
-    """Shapes from the configuration alone, so the learner needs no emulator."""
+    """Shapes from the configuration alone (for Gymnasium, from the environment's spaces), so the learner
+    needs no emulator."""
     if cfg.kind == "catch":
         return EnvSpec((1, cfg.catch_rows, cfg.catch_columns), 3)
+    if cfg.kind == "gymnasium":
+        return gymnasium_spec(cfg.id)
+    if cfg.kind == "minatar":
+        return EnvSpec((minatar_channels(cfg.game), 10, 10), MINATAR_ACTIONS)
     if not cfg.full_action_space:
         raise ValueError("env.full_action_space=false is not supported: the protocol uses the full set")
     return EnvSpec((cfg.stack, cfg.image_size, cfg.image_size), ATARI_FULL_ACTIONS)
@@ -129,6 +141,119 @@ class CatchEnvs:
         pass
 
 
+@functools.cache
+def gymnasium_spec(env_id: str) -> EnvSpec:
+    """What lbc makes of a Gymnasium environment's spaces; ValueError naming what it cannot train."""
+    import gymnasium as gym
+
+    try:
+        env = gym.make(env_id)
+    except gym.error.Error as e:
+        raise ValueError(f"env.id={env_id!r}: Gymnasium cannot make it ({e})") from None
+    obs_space, act_space = env.observation_space, env.action_space
+    env.close()
+    if not isinstance(act_space, gym.spaces.Discrete):
+        raise ValueError(f"env.id={env_id}: lbc trains discrete actions; this action space is {act_space} "
+                         f"(continuous or structured actions are not supported)")
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise ValueError(f"env.id={env_id}: lbc reads one array per observation; this observation space is "
+                         f"{type(obs_space).__name__} (wrap it, e.g. gymnasium.wrappers.FlattenObservation)")
+    shape = obs_space.shape
+    if obs_space.dtype == np.uint8 and len(shape) in (2, 3):
+        return EnvSpec((1, *shape) if len(shape) == 2 else (shape[2], shape[0], shape[1]), int(act_space.n))
+    return EnvSpec((int(np.prod(shape)),), int(act_space.n), "float32")
+
+
+class GymnasiumEnvs:
+    """A Gymnasium environment, E copies stepped by gymnasium's SyncVectorEnv with same-step resets. Images
+    (uint8, [H, W, C] or [H, W]) become [C, H, W]; anything else a flat float32 vector. Whatever the
+    environment's own time limit truncates counts as the frame cap."""
+
+    def __init__(self, cfg: EnvConfig, num_envs: int, seed: int) -> None:
+        import gymnasium as gym
+
+        self.spec = env_spec(cfg)
+        self.num_envs = num_envs
+        self._seed = seed
+        self._env = gym.vector.SyncVectorEnv([lambda: gym.make(cfg.id) for _ in range(num_envs)],
+                                             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+    def _obs(self, obs: np.ndarray) -> np.ndarray:
+        if self.spec.obs_dtype == "float32":
+            return obs.reshape(self.num_envs, -1).astype(np.float32)
+        return obs[:, None] if obs.ndim == 3 else np.ascontiguousarray(obs.transpose(0, 3, 1, 2))
+
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        obs, _ = self._env.reset(seed=self._seed if seed is None else seed)
+        return self._obs(obs)
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        if actions.shape != (self.num_envs,) or actions.min() < 0 or actions.max() >= self.spec.num_actions:
+            raise ValueError(f"actions out of range [0, {self.spec.num_actions}): {actions}")
+        obs, reward, term, trunc, _ = self._env.step(actions.astype(np.int64))
+        done = term | trunc
+        return StepResult(self._obs(obs), reward.astype(np.float32), done, trunc & ~term, np.zeros_like(done))
+
+    def close(self) -> None:
+        self._env.close()
+
+
+def minatar_channels(game: str) -> int:
+    """The channels of a MinAtar game's 10x10 board (each a boolean layer: paddle, ball, trail, ...)."""
+    return MINATAR_CHANNELS[game]
+
+
+class MinAtarEnvs:
+    """MinAtar (Young & Tian 2019): E games with the package's defaults as its paper trains them (sticky
+    actions with probability env.repeat_action_probability, difficulty ramping), all 6 actions, the boolean
+    10x10xC board as uint8 0/255 channels first, one frame per step, episodes cut at env.max_episode_frames."""
+
+    def __init__(self, cfg: EnvConfig, num_envs: int, seed: int) -> None:
+        try:
+            from minatar import Environment
+        except ImportError:
+            raise ValueError("env.kind=minatar needs the minatar package: pip install 'lbc[minatar]'") from None
+        self.spec = env_spec(cfg)
+        self.num_envs = num_envs
+        self._cap = cfg.max_episode_frames
+        self._games = [Environment(cfg.game, sticky_action_prob=cfg.repeat_action_probability)
+                       for _ in range(num_envs)]
+        self._seed = seed
+        self._steps = np.zeros(num_envs, np.int64)
+
+    def _board(self, e: int) -> np.ndarray:
+        return self._games[e].state().transpose(2, 0, 1).astype(np.uint8) * 255
+
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        base = self._seed if seed is None else seed
+        for e, game in enumerate(self._games):
+            game.seed(int(np.random.SeedSequence([base, e]).generate_state(1)[0]))   # apart per environment
+            game.reset()
+        self._steps[:] = 0
+        return np.stack([self._board(e) for e in range(self.num_envs)])
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        if actions.shape != (self.num_envs,) or actions.min() < 0 or actions.max() >= MINATAR_ACTIONS:
+            raise ValueError(f"actions out of range [0, {MINATAR_ACTIONS}): {actions}")
+        reward = np.zeros(self.num_envs, np.float32)
+        done = np.zeros(self.num_envs, bool)
+        truncated = np.zeros(self.num_envs, bool)
+        obs = []
+        for e, game in enumerate(self._games):
+            r, terminal = game.act(int(actions[e]))
+            self._steps[e] += 1
+            reward[e], done[e] = r, terminal or self._steps[e] >= self._cap
+            truncated[e] = done[e] and not terminal
+            if done[e]:
+                game.reset()
+                self._steps[e] = 0
+            obs.append(self._board(e))
+        return StepResult(np.stack(obs), reward, done, truncated, np.zeros(self.num_envs, bool))
+
+    def close(self) -> None:
+        pass
+
+
 class VectorEnvs(Protocol):
     """What actors, the evaluator and `lbc play` step: E games that reset in the same step they end."""
 
@@ -140,7 +265,8 @@ class VectorEnvs(Protocol):
     def close(self) -> None: ...
 
 
-def make_envs(cfg: EnvConfig, num_envs: int, seed: int) -> AtariEnvs | CatchEnvs:
-    if cfg.kind == "catch":
-        return CatchEnvs(cfg, num_envs, seed)
-    return AtariEnvs(cfg, num_envs, seed)
+ENV_KINDS = {"atari": AtariEnvs, "catch": CatchEnvs, "gymnasium": GymnasiumEnvs, "minatar": MinAtarEnvs}
+
+
+def make_envs(cfg: EnvConfig, num_envs: int, seed: int) -> VectorEnvs:
+    return ENV_KINDS[cfg.kind](cfg, num_envs, seed)

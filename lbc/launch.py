@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides = [*base, *([f"env.game={args.game}"] if args.game else []), *args.overrides]
         cfg = load_config(args.preset, overrides)
         game = check_game(cfg, args.game)
-        name = args.name or f"{cfg.preset}-{game}"
+        name = args.name or f"{cfg.preset}-{game.replace('/', '-')}"
         run_dir = args.runs_dir / name
         cfg = load_config(args.preset, [*overrides, f"run_dir={run_dir}"])
         check_ports(local_ports(cfg, args.actors))

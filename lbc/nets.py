@@ -22,11 +22,11 @@ class _ConvTorso(nn.Module):
     small torso's training step is ~10-20% faster, but batch-16 inference is ~40% slower, so the
     learner turns it on and actors do not (see set_channels_last)."""
 
-    def __init__(self, convs: nn.Sequential, in_channels: int, image_size: int, hidden: int) -> None:
+    def __init__(self, convs: nn.Sequential, obs_shape: tuple[int, ...], hidden: int) -> None:
         super().__init__()
         self.convs = convs
         with torch.no_grad():
-            n = self.convs(torch.zeros(1, in_channels, image_size, image_size)).shape[-1]
+            n = self.convs(torch.zeros(1, *obs_shape)).shape[-1]
         self.fc = nn.Sequential(nn.Linear(n, hidden), nn.ReLU())
         self.memory_format = torch.contiguous_format
 
@@ -37,10 +37,18 @@ class _ConvTorso(nn.Module):
 class SmallTorso(_ConvTorso):
     """IMPALA shallow net: conv 16@8x8/4, conv 32@4x4/2, fc 256 (about 1.2M params with the LSTM)."""
 
-    def __init__(self, in_channels: int, image_size: int, hidden: int) -> None:
-        convs = nn.Sequential(nn.Conv2d(in_channels, 16, 8, stride=4), nn.ReLU(),
+    def __init__(self, obs_shape: tuple[int, ...], hidden: int) -> None:
+        convs = nn.Sequential(nn.Conv2d(obs_shape[0], 16, 8, stride=4), nn.ReLU(),
                               nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(), nn.Flatten())
-        super().__init__(convs, in_channels, image_size, hidden)
+        super().__init__(convs, obs_shape, hidden)
+
+
+class MinAtarTorso(_ConvTorso):
+    """For small boards (MinAtar's 10x10): conv 16@3x3/1, fc `hidden`; the network of Young & Tian (2019)
+    without its output layer."""
+
+    def __init__(self, obs_shape: tuple[int, ...], hidden: int) -> None:
+        super().__init__(nn.Sequential(nn.Conv2d(obs_shape[0], 16, 3), nn.ReLU(), nn.Flatten()), obs_shape, hidden)
 
 
 class _ResBlock(nn.Module):
@@ -57,14 +65,14 @@ class DeepTorso(_ConvTorso):
     """IMPALA deep ResNet: per (channels, blocks) in (16,2),(32,2),(32,2): conv 3x3, max-pool 3x3/2,
     two residual blocks; then ReLU, fc 256. 15 conv layers."""
 
-    def __init__(self, in_channels: int, image_size: int, hidden: int) -> None:
+    def __init__(self, obs_shape: tuple[int, ...], hidden: int) -> None:
         layers: list[nn.Module] = []
-        c_in = in_channels
+        c_in = obs_shape[0]
         for c_out in (16, 32, 32):
             layers += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
                        _ResBlock(c_out), _ResBlock(c_out)]
             c_in = c_out
-        super().__init__(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), in_channels, image_size, hidden)
+        super().__init__(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), obs_shape, hidden)
 
 
 def init_relu_layers(module: nn.Module) -> nn.Module:
@@ -97,7 +105,7 @@ def lower_median(x: torch.Tensor, by_sort: bool = False) -> torch.Tensor:
 
 
 class MlpTorso(nn.Module):
-    """For the small built-in games (Catch): two fully connected layers."""
+    """For vector observations and small boards (Catch): two fully connected layers on the flattened input."""
 
     def __init__(self, obs_shape: tuple[int, ...], hidden: int) -> None:
         super().__init__()
@@ -108,6 +116,42 @@ class MlpTorso(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+
+TORSOS = {"small": SmallTorso, "deep": DeepTorso, "minatar": MinAtarTorso, "mlp": MlpTorso}
+MIN_CONV_IMAGE = 36       # the small and deep torsos' convolutions need at least 36x36 pixels
+MAX_MLP_INPUTS = 4096     # beyond, flattening is the wrong torso (an Atari stack is 28,224 values)
+
+
+def resolve_torso(torso: str, obs_shape: tuple[int, ...]) -> str:
+    """net.torso=auto picks by the observation: an MLP for vectors, MinAtar's conv for small boards, IMPALA's
+    small conv for frames of 36 pixels and more."""
+    if torso != "auto":
+        return torso
+    if len(obs_shape) != 3:
+        return "mlp"
+    return "small" if min(obs_shape[1:]) >= MIN_CONV_IMAGE else "minatar"
+
+
+def torso_problem(torso: str, obs_shape: tuple[int, ...]) -> str | None:
+    """Why `torso` cannot read observations of `obs_shape` ([C, H, W] images or [N] vectors), or None."""
+    torso = resolve_torso(torso, obs_shape)
+    if torso not in TORSOS:
+        return f"unknown torso {torso!r}; one of {', '.join(['auto', *TORSOS])}"
+    size = 1
+    for d in obs_shape:
+        size *= d
+    if torso == "mlp":
+        if size > MAX_MLP_INPUTS:
+            return (f"net.torso=mlp flattens the {'x'.join(map(str, obs_shape))} observation into {size:,} inputs; "
+                    f"use a convolutional torso (net.torso=small, deep or auto)")
+        return None
+    if len(obs_shape) != 3:
+        return f"net.torso={torso} reads images [C, H, W]; these observations are {list(obs_shape)}: use net.torso=mlp"
+    if torso in ("small", "deep") and min(obs_shape[1:]) < MIN_CONV_IMAGE:
+        return (f"net.torso={torso} needs images of at least {MIN_CONV_IMAGE}x{MIN_CONV_IMAGE} pixels, these are "
+                f"{obs_shape[1]}x{obs_shape[2]}: use net.torso=minatar or mlp (or auto)")
+    return None
 
 
 class LayerNormLSTM(nn.Module):
@@ -213,14 +257,10 @@ class LBCNet(nn.Module):
         self.extra_inputs = extra_inputs
         self.num_policies = num_policies
         self.lstm_size = lstm
-        if torso == "small":
-            self.torso: nn.Module = SmallTorso(obs_shape[0], obs_shape[-1], hidden)
-        elif torso == "deep":
-            self.torso = DeepTorso(obs_shape[0], obs_shape[-1], hidden)
-        elif torso == "mlp":
-            self.torso = MlpTorso(obs_shape, hidden)
-        else:
-            raise ValueError(f"unknown torso {torso!r}")
+        problem = torso_problem(torso, obs_shape)
+        if problem:
+            raise ValueError(problem)
+        self.torso: nn.Module = TORSOS[resolve_torso(torso, obs_shape)](obs_shape, hidden)
         if init not in ("torch", "orthogonal"):
             raise ValueError(f"unknown init {init!r}")
         self.init = init
@@ -246,6 +286,8 @@ class LBCNet(nn.Module):
     def _torso_input(self, frames: torch.Tensor) -> torch.Tensor:
         """uint8 frames [M, C, H, W] to the torso's float input in [0, 1], or with centre_frames each frame
         less its median in [-1, 1]."""
+        if not frames.dtype == torch.uint8:    # vector observations go in as they come
+            return frames.float()
         if self.centre_frames:
             # [M, C]: the background's grey, from every 4th pixel each way (16x faster than all, same on Atari)
             median = lower_median(frames[..., ::4, ::4].flatten(2), self.median_by_sort)

@@ -15,7 +15,15 @@ class PreflightError(Exception):
 
 
 def check_game(cfg: Config, asked: str | None) -> str:
-    """The game the run really plays: Catch for env.kind=catch, else an Atari ROM ale-py holds."""
+    """The game the run really plays: Catch for env.kind=catch, the Gymnasium id or MinAtar game (the
+    configuration has checked them), else an Atari ROM ale-py holds."""
+    if cfg.env.kind == "minatar":             # --game has set env.game, which the configuration checked
+        return cfg.env.name
+    if cfg.env.kind == "gymnasium":
+        if asked is not None:
+            raise PreflightError(f"--game names an Atari or MinAtar game; env.kind=gymnasium plays env.id "
+                                 f"({cfg.env.id}): --set env.id=... chooses another")
+        return cfg.env.name
     if cfg.env.kind == "catch":
         if asked not in (None, "catch"):
             raise PreflightError(f"preset '{cfg.preset}' plays the built-in Catch (env.kind=catch); "

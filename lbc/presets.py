@@ -64,6 +64,21 @@ CATCH_SIZING: Tree = {
     "eval": {"every_versions": 10, "episodes": 32, "num_envs": 8},
 }
 
+# MinAtar (Young & Tian 2019; env.kind=minatar): 10x10 boards, one frame per agent step, sticky actions 0.1
+# as its paper trains and reports, MinAtar's one-convolution network with 128 features. Laid over a preset
+# with the game chosen by --set env.game=... (breakout, space_invaders, freeway, asterix, seaquest).
+MINATAR_SIZING: Tree = {
+    "env": {"kind": "minatar", "game": "breakout", "num_envs": 16, "repeat_action_probability": 0.1,
+            "max_episode_frames": 100_000},
+    "net": {"torso": "minatar", "hidden": 128, "lstm": 128},
+    "sequence": {"burn_in": 5, "length": 20},
+    "replay": {"replay_ratio": 2.0, "capacity_sequences": 5_000, "capacity_bytes": 2_000_000_000, "min_sequences": 64},
+    "learner": {"batch_size": 16, "learning_rate": 1e-3, "warmup_steps": 100, "anneal_steps": 1_000_000,
+                "push_every": 10, "checkpoint_every": 500, "threads": 1, "split_batch": 1},
+    "actor": {"pull_every": 20},
+    "eval": {"every_versions": 20, "episodes": 16, "num_envs": 8},
+}
+
 # ---- algorithms --------------------------------------------------------------------------------------
 
 # LBC-BM (Table 3): three policies (gamma_i, RS_i), the Boltzmann mixture over all of them chosen per
@@ -181,6 +196,9 @@ PRESETS: dict[str, Tree] = {
     "gdi-h3": deep_merge(CPU_SIZING, GDI_H3),
     "ngu": _NGU_CPU,
     "agent57": deep_merge(CPU_SIZING, AGENT57),
+    # MinAtar: LBC-BM and IMPALA (its CPU optimisation) on MinAtar's boards; --set env.game=space_invaders etc.
+    "minatar": deep_merge(_LBC_CPU, MINATAR_SIZING),
+    "impala-minatar": deep_merge(IMPALA, IMPALA_CPU_SIZING, MINATAR_SIZING),
     # LBC-BM on the built-in Catch game: the end-to-end learning check.
     "catch": deep_merge(_LBC_CPU, CATCH_SIZING, {"behaviour": {"tau_range": [0.0, 10.0], "tau_accuracy": 1.0}}),
 }

@@ -25,11 +25,11 @@ def observation_extras(cfg: Config) -> dict[str, str]:
 
 
 def sequence_fields(steps: int, obs_shape: tuple[int, ...], lstm: int, psi_dim: int,
-                    extras: Mapping[str, str] | None = None) -> Layout:
+                    extras: Mapping[str, str] | None = None, obs_dtype: str = "uint8") -> Layout:
     """The one definition of a sequence's fields: name -> (dtype, shape), for `steps` steps. The actor's
     SequenceBuilder is laid out from it, replay and the learner check against it."""
     return {
-        "obs": ("uint8", (steps + 1, *obs_shape)),
+        "obs": (obs_dtype, (steps + 1, *obs_shape)),
         "prev_action": ("int32", (steps + 1,)),
         "prev_reward": ("float32", (steps + 1,)),
         "reset": ("bool", (steps + 1,)),
@@ -46,8 +46,9 @@ def sequence_fields(steps: int, obs_shape: tuple[int, ...], lstm: int, psi_dim: 
 
 def sequence_layout(cfg: Config) -> Layout:
     """The sequence layout of a configuration."""
-    return sequence_fields(cfg.sequence.total, env_spec(cfg.env).obs_shape, cfg.net.lstm, psi_width(cfg.num_components),
-                           observation_extras(cfg))
+    spec = env_spec(cfg.env)
+    return sequence_fields(cfg.sequence.total, spec.obs_shape, cfg.net.lstm, psi_width(cfg.num_components),
+                           observation_extras(cfg), spec.obs_dtype)
 
 
 def batch_layout(cfg: Config) -> Layout:
