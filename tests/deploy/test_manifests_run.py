@@ -224,19 +224,27 @@ def test_kedas_query_returns_what_lbc_autoscale_would_compute(pods: dict[str, Po
 
     (rule,) = [r for g in yaml.safe_load(RULE.read_text())["spec"]["groups"] for r in g["rules"]
                if r.get("record") == "lbc:actor_balanced_replicas"]
-    at = time.time() - 3
-
-    def scalar(expr: str) -> float:
-        (result,) = _query(prometheus, expr, at)
-        return float(result["value"][1])
-
     replay = '{namespace="lbc", run="dev", component="replay"}'
-    rates = ReplayRates(*(scalar(f"sum(rate({name}{replay}[2m]))") for name in (
-        "lbc_replay_inserted_total", "lbc_replay_sampled_total", "lbc_replay_insert_blocked_seconds_total",
-        "lbc_replay_sample_blocked_seconds_total")))
-    actors = int(scalar('count(up{namespace="lbc", run="dev", component="actor"} == 1)'))
-    want = balanced_replicas(actors, rates, scalar(f"max(lbc_replay_ratio{replay})"))
-    assert scalar(rule["expr"]) == pytest.approx(want, rel=1e-6), (rates, actors)
+    rate_names = ("lbc_replay_inserted_total", "lbc_replay_sampled_total", "lbc_replay_insert_blocked_seconds_total",
+                  "lbc_replay_sample_blocked_seconds_total")
+    exprs = [*(f"sum(rate({name}{replay}[2m]))" for name in rate_names),
+             'count(up{namespace="lbc", run="dev", component="actor"} == 1)', f"max(lbc_replay_ratio{replay})",
+             rule["expr"]]
+
+    found: list[float] = []
+
+    def at_one_instant() -> bool:
+        """Every input and the rule itself at one evaluation time, kept in `found`; False while some series
+        has no data there yet (a scrape behind under load)."""
+        at = time.time() - 3
+        results = [_query(prometheus, expr, at) for expr in exprs]
+        found[:] = [] if any(len(r) != 1 for r in results) else [float(r[0]["value"][1]) for r in results]
+        return bool(found)
+
+    wait_for(at_one_instant, 60, "replay's rates, the actors and the rule at one instant")
+    *rates, actors, ratio, rule_value = found
+    want = balanced_replicas(int(actors), ReplayRates(*rates), ratio)
+    assert rule_value == pytest.approx(want, rel=1e-6), (rates, actors, ratio)
 
 
 def dashboard_cpu_query() -> str:
