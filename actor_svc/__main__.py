@@ -14,11 +14,11 @@ import torch
 from prometheus_client import Counter, Gauge
 
 from actor_svc import evaluator
-from actor_svc.ngu_acting import NguActing
-from actor_svc.peers import BehaviourSource, EpisodeBehaviour, ParamPuller, SequenceSender
+from actor_svc.peers import BehaviourSource, ParamPuller, SequenceSender
 from actor_svc.sequencer import SequenceBuilder
 from lbc.acting import CoreInputs, forward
-from lbc.behaviour import behaviour_probs, join_psi, sample_actions, split_psi
+from lbc.agents import make_acting
+from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import Config
 from lbc.envs import make_envs
 from lbc.nets import build_agent, policy_net
@@ -53,7 +53,8 @@ ENV_SECONDS = Counter("lbc_actor_env_seconds_total", "Seconds stepping the envir
 INTRINSIC_MEAN = Gauge("lbc_actor_intrinsic_reward_mean", "NGU: mean intrinsic reward r^i over the environments, "
                                                             "last step")
 INTRINSIC_SECONDS = Counter("lbc_actor_intrinsic_seconds_total",
-                            "Seconds computing NGU's intrinsic rewards (embedding, RND, episodic memory)")
+                            "Seconds computing the per-observation inputs besides the frame (NGU's intrinsic "
+                            "rewards: embedding, RND, episodic memory)")
 
 
 def actor_seed(base: int, index: int, name: str | None) -> int:
@@ -88,12 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     spec = envs.spec
     agent = build_agent(cfg, spec.obs_shape, spec.num_actions).eval()
     net = policy_net(agent)
-    ngu = NguActing(cfg, args.index, num_envs, agent.aux) if cfg.ngu.enabled else None
+    acting = make_acting(cfg, agent, num_envs, args.index)
     puller = ParamPuller(cfg, actor_id, agent)
     behaviours = BehaviourSource(cfg, actor_id)
     sender = SequenceSender(cfg, actor_id, stop)
-    n = cfg.num_components
-    heads = torch.tensor(cfg.components)
     builder = SequenceBuilder(num_envs, cfg.sequence.burn_in, sequence_layout(cfg))
     health_address = grpc_bind_address(cfg.endpoints.bind_host, cfg.endpoints.actor_health_base + args.index)
     server, health = grpc_server(health_address, workers=2)
@@ -112,15 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     obs = envs.reset()
     inputs = CoreInputs.start(net, num_envs)
     episode: list[EpisodeBehaviour] = [behaviours.next() for _ in range(num_envs)]
-    if ngu:
-        for e, chosen in enumerate(episode):
-            ngu.new_episode(e, chosen.mixture)
-    # psi per environment, recorded with every step; tau and omega are views of it for the forward pass
-    psi = np.stack([join_psi(b.tau, b.omega) for b in episode])
-    tau, omega = split_psi(torch.from_numpy(psi), n)
+    for e, chosen in enumerate(episode):
+        acting.begin_episode(e, chosen)
     ep_return = np.zeros(num_envs)
     recent: deque[float] = deque(maxlen=100)
-    recent_exploit: deque[float] = deque(maxlen=100)   # NGU: episodes played by j = 0
+    recent_exploit: deque[float] = deque(maxlen=100)   # episodes of the exploiting member (NGU: j = 0)
     episodes = 0
     frame_skip = cfg.env.frames_per_step
     steps = 0
@@ -128,20 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.is_set():
         if steps % cfg.actor.pull_every == 0 and steps > 0:
             puller.pull()
-        fields: dict[str, np.ndarray] = {}
-        if ngu:
-            t0 = time.perf_counter()
-            fields = ngu.observe(obs, inputs.reset)
+        t0 = time.perf_counter()
+        fields = acting.observe(obs, inputs.reset)
+        if fields:
             INTRINSIC_SECONDS.inc(time.perf_counter() - t0)
         for seq, version in builder.observe(obs, inputs.prev_action, inputs.prev_reward, inputs.reset,
                                             inputs.state[0].numpy(), inputs.state[1].numpy(), puller.version, fields):
             if not sender.send(seq, version):
                 break
         t0 = time.perf_counter()
-        out = forward(net, obs, inputs, ngu.core_inputs(fields) if ngu else None)
-        probs = ngu.behaviour(out) if ngu else \
-            behaviour_probs(cfg.behaviour.family, out.adv[0][:, heads], tau, omega)
-        actions, mu = sample_actions(probs, generator)
+        out = forward(net, obs, inputs, acting.extra_inputs(fields))
+        actions, mu = sample_actions(acting.behaviour(out), generator)
         t1 = time.perf_counter()
         action_np = actions.numpy()
         result = envs.step(action_np)
@@ -150,12 +142,12 @@ def main(argv: list[str] | None = None) -> int:
         ENV_SECONDS.inc(t2 - t1)
         # what the learner sees as an episode end: the game's, or also a life loss (env.episodic_life)
         boundary = result.done | result.life_lost if cfg.env.episodic_life else result.done
-        builder.act(action_np, result.reward, boundary, mu.numpy(), psi)
+        builder.act(action_np, result.reward, boundary, mu.numpy(), acting.psi)
 
         ep_return += result.reward
         for e in np.flatnonzero(result.done):
             recent.append(float(ep_return[e]))
-            if ngu and ngu.mixture[e] == 0:
+            if acting.exploits(e):
                 recent_exploit.append(float(ep_return[e]))
                 EXPLOIT_MEAN.set(float(np.mean(recent_exploit)))
                 EXPLOIT_COUNT.set(len(recent_exploit))
@@ -165,9 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             behaviours.report(episode[e].episode_id, float(ep_return[e]))
             ep_return[e] = 0.0
             episode[e] = behaviours.next()
-            psi[e] = join_psi(episode[e].tau, episode[e].omega)
-            if ngu:
-                ngu.new_episode(e, episode[e].mixture)
+            acting.begin_episode(e, episode[e])
         if result.done.any():
             RETURN_MEAN.set(float(np.mean(recent)))
             RETURN_COUNT.set(len(recent))
@@ -182,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         FRAMES.inc(num_envs * frame_skip)
         if steps % 100 == 0:
             LSTM_CELL.set(float(inputs.state[1].abs().mean()))
-            if ngu:
+            if "prev_intrinsic" in fields:
                 INTRINSIC_MEAN.set(float(fields["prev_intrinsic"].mean()))
         if time.monotonic() - last_log > 30:
             last_log = time.monotonic()

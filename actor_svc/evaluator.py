@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from prometheus_client import Counter, Gauge
 
-from actor_svc.ngu_acting import NguActing
 from actor_svc.peers import ParamPuller
 from lbc.acting import CoreInputs, evaluation_policy, evaluation_probs, forward
+from lbc.agents import Acting, make_acting
 from lbc.behaviour import sample_actions
 from lbc.config import Config, EnvConfig
 from lbc.envs import VectorEnvs, make_envs
@@ -74,26 +74,25 @@ class EpisodeQuota:
 
 
 def play(cfg: Config, net: torch.nn.Module, envs: VectorEnvs, episodes: int, seed: int, policy: str,
-         ngu: NguActing | None = None, generator: torch.Generator | None = None,
+         acting: Acting, generator: torch.Generator | None = None,
          on_frame: Callable[[np.ndarray, np.ndarray], None] | None = None,
          stop: threading.Event | None = None) -> tuple[list[float], int] | None:
     """Play `episodes` whole games with the evaluation policy from fresh resets; (scores, agent steps),
-    or None when `stop` (a threading.Event) is set first. `on_frame(obs, actions)` (optional) sees every
+    or None when `stop` (a threading.Event) is set first. `acting` (lbc.agents.make_acting) supplies what
+    the family's network reads besides the frame. `on_frame(obs, actions)` (optional) sees every
     step, e.g. to record a video."""
     num_envs = envs.num_envs
     quota = EpisodeQuota(episodes, num_envs)
     obs = envs.reset(seed=seed)
     inputs = CoreInputs.start(net, num_envs)
-    if ngu is not None:
-        for e in range(num_envs):
-            ngu.new_episode(e, 0)   # NGU's exploitative member
+    acting.for_evaluation()
     returns = np.zeros(num_envs)
     steps = 0
     while not quota.done:
         if stop is not None and stop.is_set():
             return None
-        fields = ngu.observe(obs, inputs.reset) if ngu is not None else None
-        out = forward(net, obs, inputs, ngu.core_inputs(fields) if ngu is not None else None)
+        fields = acting.observe(obs, inputs.reset)
+        out = forward(net, obs, inputs, acting.extra_inputs(fields))
         actions, _ = sample_actions(evaluation_probs(cfg, out, policy), generator)
         action_np = actions.numpy()
         if on_frame is not None:
@@ -117,7 +116,7 @@ def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
     spec = envs.spec
     agent = build_agent(cfg, spec.obs_shape, spec.num_actions).eval()
     net = policy_net(agent)
-    ngu = NguActing(cfg, 0, ec.num_envs, agent.aux) if cfg.ngu.enabled else None
+    acting = make_acting(cfg, agent, ec.num_envs)
     puller = ParamPuller(cfg, f"evaluator-{index}", agent)
     policy = evaluation_policy(cfg)
     generator = torch.Generator().manual_seed(ec.seed)
@@ -137,7 +136,7 @@ def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
             continue
         version = puller.version
         started = time.monotonic()
-        played = play(cfg, net, envs, ec.episodes, ec.seed + rounds, policy, ngu, generator, stop=stop)
+        played = play(cfg, net, envs, ec.episodes, ec.seed + rounds, policy, acting, generator, stop=stop)
         if played is None:
             break
         scores, steps = played

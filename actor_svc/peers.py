@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 import grpc
 import numpy as np
@@ -19,7 +18,7 @@ import zmq
 from prometheus_client import Counter, Gauge
 
 from lbc import codec
-from lbc.behaviour import psi_problem
+from lbc.behaviour import EpisodeBehaviour, psi_problem
 from lbc.config import Config
 from lbc.params import load_blob
 from lbc.peers import BanditClient, ParameterClient
@@ -73,14 +72,6 @@ class ParamPuller:
         VERSION.set(version)
         PULLS.labels("updated").inc()
         return True
-
-
-@dataclass
-class EpisodeBehaviour:
-    episode_id: str          # "" when chosen locally (bandit unreachable or no control)
-    tau: list[float]
-    omega: list[float]
-    mixture: int | None = None   # NGU's j chosen by Agent57's meta-controller; None: the environment's own
 
 
 def check_behaviour(tau: list[float], omega: list[float], components: int, tau_max: float,

@@ -26,14 +26,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from actor_svc.ngu_acting import NguActing
 from lbc.acting import CoreInputs, forward
-from lbc.behaviour import behaviour_probs, sample_actions
+from lbc.agents import Acting, family_of, make_acting
+from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import PRESETS, Config, load_config
 from lbc.envs import make_envs
-from lbc.nets import build_agent
+from lbc.nets import build_agent, policy_net
 from lbc.sequences import sequence_layout
-from learner_svc.trainers import make_trainer
+from learner_svc.training import Trainer
 
 
 def env_rate(cfg: Config, seconds: float) -> float:
@@ -52,35 +52,31 @@ def env_rate(cfg: Config, seconds: float) -> float:
     return rate
 
 
-def _actor_parts(cfg: Config) -> tuple[np.ndarray, torch.nn.Module, NguActing | None]:
-    """A real first observation, the actor's network and (NGU) its intrinsic-reward part."""
+def _actor_parts(cfg: Config) -> tuple[np.ndarray, torch.nn.Module, Acting]:
+    """A real first observation, the actor's network and its family's acting part, every environment in
+    an episode of tau = 1 and equal weights."""
     envs = make_envs(cfg.env, cfg.env.num_envs, seed=0)
     obs = envs.reset()
     envs.close()
     agent = build_agent(cfg, envs.spec.obs_shape, envs.spec.num_actions).eval()
-    if not cfg.ngu.enabled:
-        return obs, agent, None
-    return obs, agent.net, NguActing(cfg, 0, cfg.env.num_envs, agent.aux)
+    acting = make_acting(cfg, agent, cfg.env.num_envs)
+    n = cfg.num_components
+    for e in range(cfg.env.num_envs):
+        acting.begin_episode(e, EpisodeBehaviour("", [1.0] * n, [1.0 / n] * n))
+    return obs, policy_net(agent), acting
 
 
 def inference_rate(cfg: Config, seconds: float) -> float:
     """The actor's acting step (lbc.acting.forward, the behaviour, sampling) on one real observation."""
-    obs, net, ngu = _actor_parts(cfg)
-    b, n = cfg.env.num_envs, cfg.num_components
-    heads = torch.tensor(cfg.components)
+    obs, net, acting = _actor_parts(cfg)
+    b = cfg.env.num_envs
     inputs = CoreInputs.start(net, b)
     inputs.reset[:] = False
-    tau, omega = torch.ones(b, n), torch.full((b, n), 1.0 / n)
     samples, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        if ngu is None:
-            out = forward(net, obs, inputs)
-            probs = behaviour_probs(cfg.behaviour.family, out.adv[0][:, heads], tau, omega)
-        else:
-            fields = ngu.observe(obs, inputs.reset)
-            out = forward(net, obs, inputs, ngu.core_inputs(fields))
-            probs = ngu.behaviour(out)
-        sample_actions(probs)
+        fields = acting.observe(obs, inputs.reset)
+        out = forward(net, obs, inputs, acting.extra_inputs(fields))
+        sample_actions(acting.behaviour(out))
         inputs.state = out.state
         samples += b
     return samples / (time.perf_counter() - start)
@@ -89,7 +85,7 @@ def inference_rate(cfg: Config, seconds: float) -> float:
 def intrinsic_cost(cfg: Config, fills: tuple[int, ...], steps: int = 50) -> dict[int, float]:
     """Microseconds per agent step of NGU's intrinsic reward (embedding and RND forward passes, the
     k-nearest-neighbour search, the modulator) with every episodic memory holding `fill` embeddings."""
-    obs, _, ngu = _actor_parts(cfg)
+    obs, _, ngu = _actor_parts(cfg)   # an NguActing
     rng = np.random.default_rng(0)
     reset = np.zeros(cfg.env.num_envs, bool)
     out = {}
@@ -123,7 +119,7 @@ def learner_rate(cfg: Config, seconds: float) -> float:
     batch["behaviour_prob"][:] = 0.3
     # one core: the batch is not split across threads
     one_part = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"split_batch": 1})})
-    trainer = make_trainer(one_part)
+    trainer = Trainer(one_part)
     trainer.train_step(batch)
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -176,7 +172,7 @@ def main() -> int:
           flush=True)
     inf = inference_rate(cfg, args.stage_seconds)
     print(f"inference alone   (1 core): {inf:10,.0f} samples/s", flush=True)
-    if cfg.ngu.enabled:
+    if family_of(cfg) == "ngu":
         costs = intrinsic_cost(cfg, (1, 1_000, 5_000, cfg.ngu.memory_capacity))
         print("NGU intrinsic reward per agent step, by episodic memory fill: "
               + ", ".join(f"{fill:,}: {us:,.0f} us" for fill, us in costs.items())

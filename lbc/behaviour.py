@@ -12,12 +12,23 @@ softmax(A_2/tau_2), i.e. tau = (1/tau_1, 1/tau_2) and omega = (eps, 1 - eps), on
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 import torch
 
 ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
+
+
+@dataclass
+class EpisodeBehaviour:
+    """What an episode is played with, as the meta-controller (bandit_svc) or the local default chose it."""
+
+    episode_id: str          # "" when chosen locally (bandit unreachable or no control)
+    tau: list[float]         # psi's first slot (see join_psi)
+    omega: list[float]       # psi's mixture weights
+    mixture: int | None = None   # NGU's j chosen by Agent57's meta-controller; None: the environment's own
 
 
 def join_psi(tau: Sequence[float] | np.ndarray, omega: Sequence[float] | np.ndarray) -> np.ndarray:

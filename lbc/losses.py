@@ -251,3 +251,9 @@ def lbc_policy_loss(
     v, q, pi_term, ent = (x.mean(dim=(0, 1)) for x in (v_loss, q_loss, pi_loss, ent))
     total = (scales.v * v + scales.q * q + scales.pi * pi_term - scales.entropy * ent).sum()
     return PolicyLoss(total=total, v=v, q=q, pi=pi_term, entropy=ent, abs_td=(vt.vs - value[:-1].detach()).abs())
+
+
+def sequence_priorities(abs_td: torch.Tensor, eta: float) -> torch.Tensor:
+    """R2D2's sequence priority p = eta max_t |delta_t| + (1 - eta) mean_t |delta_t| over the time axis
+    (the first) of abs_td [T, ...]; detached."""
+    return (eta * abs_td.max(0).values + (1 - eta) * abs_td.mean(0)).detach()

@@ -7,8 +7,8 @@
 - `intrinsic_reward`: eq. 1, r^i = r^episodic * min(max(alpha, 1), L).
 - `IntrinsicRewards`: one actor's r^i for its vector of environments.
 - `environment_mixtures`, `environment_epsilons`, `core_inputs`: what an actor's environments play.
-The embedding (inverse dynamics) and RND networks are in lbc.ngu_nets; the learner's loss in
-learner_svc.ngu_training, the actor's part in actor_svc.ngu_acting.
+The embedding (inverse dynamics) and RND networks are in lbc.ngu_nets; the actor's part and the
+learner's loss in lbc.agents.ngu (NguActing, NguLoss).
 """
 
 from __future__ import annotations

@@ -105,6 +105,7 @@ class RenderedGame:
 def play_cli(args: argparse.Namespace) -> int:
     from actor_svc.evaluator import play
     from lbc.acting import evaluation_policy
+    from lbc.agents import make_acting
     from lbc.nets import build_agent, policy_net
 
     run_dir = Path(args.run)
@@ -116,17 +117,13 @@ def play_cli(args: argparse.Namespace) -> int:
     agent = build_agent(cfg, game.spec.obs_shape, game.spec.num_actions).eval()
     agent.load_state_dict(state["model"])
     net = policy_net(agent)
-    ngu = None
-    if cfg.ngu.enabled:
-        from actor_svc.ngu_acting import NguActing
-
-        ngu = NguActing(cfg, 0, 1, agent.aux)
+    acting = make_acting(cfg, agent, 1)
     policy = evaluation_policy(cfg)
     print(f"playing {cfg.env.game} with {path.name} (version {state['version']}, learner step {state['step']}), "
           f"policy {policy}", flush=True)
     scores = []
     for episode in range(args.episodes):
-        played = play(cfg, net, game, 1, args.seed + episode, policy, ngu, torch.Generator().manual_seed(args.seed))
+        played = play(cfg, net, game, 1, args.seed + episode, policy, acting, torch.Generator().manual_seed(args.seed))
         scores += played[0]
         print(f"episode {episode + 1}: score {played[0][0]:.0f} ({played[1]} agent steps)", flush=True)
     print(f"mean {np.mean(scores):.2f} over {len(scores)} episode(s)")

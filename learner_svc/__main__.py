@@ -27,7 +27,7 @@ from lbcproto import lbc_pb2_grpc
 from learner_svc import checkpoint
 from learner_svc.batches import BatchFetcher
 from learner_svc.param_server import ParameterServicer, ParameterStore
-from learner_svc.trainers import make_trainer
+from learner_svc.training import Trainer
 
 STEPS = Counter("lbc_learner_steps_total", "Learner optimiser steps")
 SAMPLES = Counter("lbc_learner_samples_total", "Time steps trained on (batch x learning length)")
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = stop_event()
     torch.set_num_threads(cfg.learner.threads)
 
-    trainer = make_trainer(cfg)
+    trainer = Trainer(cfg)
     counters = checkpoint.Counters()
     ckpt_dir = Path(cfg.run_dir) / "checkpoints"
     remove_stale_temporaries(ckpt_dir, log)

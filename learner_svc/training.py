@@ -1,4 +1,5 @@
-"""One learner step: burn-in from the stored recurrent state, then every policy's losses.
+"""One learner step, the same for every algorithm: the configured family's loss (lbc.agents: burn-in from the
+stored recurrent state, then every policy's losses) on parts of the batch, clipping, the optimiser step.
 
 `Trainer` owns the model, the optimiser and the schedules; it knows nothing about transports.
 """
@@ -11,12 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lbc.behaviour import log_boltzmann_mixture, split_psi
+from lbc.agents import LossOutput, make_loss
 from lbc.config import Config, LearnerConfig
 from lbc.envs import env_spec
-from lbc.losses import LossScales, lbc_policy_loss
 from lbc.nets import LBCNet, build_agent, policy_net
-from lbc.rewards import REWARD_SHAPING
 
 
 def schedule_factor(step: int, warmup: int, anneal: int) -> float:
@@ -28,7 +27,7 @@ def schedule_factor(step: int, warmup: int, anneal: int) -> float:
 @dataclass
 class StepStats:
     loss: float
-    per_policy: list[dict[str, float]]   # Trainer.TERMS per policy
+    per_policy: list[dict[str, float]]   # Trainer.terms per policy
     grad_norm: float
     learning_rate: float
     priorities: np.ndarray               # [B] eta max_t |TD| + (1 - eta) mean_t |TD|, max over policies (R2D2)
@@ -66,7 +65,7 @@ def build_optimiser(model: torch.nn.Module, lc: LearnerConfig) -> torch.optim.Op
 
 
 class Trainer:
-    TERMS: tuple[str, ...] = ("v", "q", "pi", "entropy")   # loss terms reported per policy
+    """The model, the optimiser and the schedules around the configured family's loss (lbc.agents)."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -77,73 +76,29 @@ class Trainer:
         self.agent = build_agent(cfg, spec.obs_shape, spec.num_actions).to(self.device)
         self.model: LBCNet = policy_net(self.agent).set_channels_last(True)
         lc = cfg.learner
+        self.loss = make_loss(cfg, self.agent, self.device)
         self.optimiser = build_optimiser(self.model, lc)
-        self.scales = LossScales(v=lc.v_loss_scale, q=lc.q_loss_scale, pi=lc.pi_loss_scale,
-                                 entropy=lc.entropy_cost, rho_bar=lc.rho_bar, c_bar=lc.c_bar, lam=lc.trace_lambda)
-        self.shaping = [REWARD_SHAPING[p.reward_shaping] for p in cfg.policies]
-        self.gammas = torch.tensor([p.gamma for p in cfg.policies], device=self.device)
-        self.components = torch.tensor(cfg.components, device=self.device)
+        for group in self.loss.param_groups():
+            self.optimiser.add_param_group(group)
         self.step = 0
         # split_batch > 1: the parts run in threads with one intra-op thread each; unlike intra-op
         # parallelism they need no barrier, so a core shared with an actor is not left waiting
         self.pool = ThreadPoolExecutor(lc.split_batch, thread_name_prefix="learner-part") \
             if lc.split_batch > 1 else None
 
+    @property
+    def terms(self) -> tuple[str, ...]:
+        """The loss terms reported per policy."""
+        return self.loss.TERMS
+
     def checkpointed_modules(self) -> dict[str, torch.nn.Module]:
         """Modules besides the agent whose state a checkpoint must keep."""
-        return {}
+        return self.loss.checkpointed()
 
-    def _target_log_policy(self, adv: torch.Tensor, psi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Every policy's log pi [T+1, B, N, A] and policy-gradient scale [T, B, N] (or None).
-
-        adv is [T+1, B, N, A]; psi [T, B, 2K] holds (tau_1..tau_K, omega_1..omega_K) of the episode each
-        step belongs to. The bootstrap row repeats the last step's psi (across an episode end it is
-        discounted to 0)."""
-        lc = self.cfg.learner
-        psi = torch.cat([psi, psi[-1:]], dim=0)
-        k = self.cfg.num_components
-        if lc.target_policy == "softmax":
-            return torch.log_softmax(adv, dim=-1), None
-        if lc.target_policy == "behaviour_temperature":   # DiCE: softmax(tau_i A_i), gradient scaled by 1/tau_i
-            tau = split_psi(psi, k)[0].clamp_min(lc.min_target_tau)
-            return torch.log_softmax(adv * tau.unsqueeze(-1), dim=-1), 1.0 / tau[:-1]
-        # GDI: every policy learns the episode's whole mixture
-        mixture = log_boltzmann_mixture(adv[:, :, self.components], *split_psi(psi, k))
-        return mixture.unsqueeze(2).expand_as(adv), None
-
-    def _loss(self, batch: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Burn-in, forward and every policy's losses for (part of) a batch: (total as a mean over time
-        and batch, terms [N, len(TERMS)], priorities [B])."""
-        lc = self.cfg.learner
-        b = to_time_major(batch, self.device)
-        burn = self.cfg.sequence.burn_in
-        state = (b["h0"], b["c0"])
-        inputs = ("obs", "prev_action", "prev_reward", "reset")
-        obs, prev_action, prev_reward, reset = (b[k] for k in inputs)
-        prev_action = prev_action.long()
-        if burn > 0:
-            with torch.no_grad():
-                state = self.model(obs[:burn], prev_action[:burn], prev_reward[:burn], reset[:burn], state).state
-        out = self.model(obs[burn:], prev_action[burn:], prev_reward[burn:], reset[burn:], state)
-
-        # all N policies in one loss call: the policy axis is a trailing batch axis
-        actions = b["action"][burn:].long()
-        per_policy_steps = (*actions.shape, self.cfg.num_policies)
-        not_done = 1.0 - b["done"][burn:].float()
-        log_pi, pg_scale = self._target_log_policy(out.adv, b["psi"][burn:])
-        loss = lbc_policy_loss(
-            out.adv, out.value, log_pi, actions.unsqueeze(-1).expand(per_policy_steps),
-            b["behaviour_prob"][burn:].unsqueeze(-1).expand(per_policy_steps),
-            torch.stack([shape(b["reward"][burn:]) for shape in self.shaping], dim=-1),
-            not_done.unsqueeze(-1) * self.gammas, self.scales, pg_scale=pg_scale, weights=b.get("weight"),
-            centre_q=lc.centre_q, standardise_advantages=lc.standardise_advantages)
-        terms = torch.stack([loss.v, loss.q, loss.pi, loss.entropy], dim=-1).detach()
-        return loss.total, terms, self._priorities(loss.abs_td).max(-1).values
-
-    def _priorities(self, abs_td: torch.Tensor) -> torch.Tensor:
-        """R2D2's sequence priority eta max_t |TD| + (1 - eta) mean_t |TD| over the time axis (the first)."""
-        eta = self.cfg.replay.priority_eta
-        return (eta * abs_td.max(0).values + (1 - eta) * abs_td.mean(0)).detach()
+    def _loss(self, batch: dict[str, np.ndarray]) -> LossOutput:
+        """The family's loss for (part of) a batch: (total as a mean over time and batch, terms
+        [N, len(terms)], priorities [B])."""
+        return self.loss(self.model, to_time_major(batch, self.device))
 
     def _probe_frames(self, batch: dict[str, np.ndarray], frames: int = 256) -> torch.Tensor:
         """Up to `frames` of the batch's learned-on frames (after burn-in), spread over the batch."""
@@ -162,9 +117,13 @@ class Trainer:
                                           self.optimiser)
 
     def _clip_gradients(self) -> float:
-        """Clip the gradient's global norm; returns the norm before clipping, which is not finite exactly
-        when a gradient is not (the skip test in train_step relies on it)."""
-        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.learner.clip_norm))
+        """Clip the gradients' global norm, the model's and apart from it each group the loss names; returns
+        the model's norm before clipping, or the first group's that is not finite (the skip test in
+        train_step relies on a non-finite norm exactly when a gradient is not finite)."""
+        clip = self.cfg.learner.clip_norm
+        apart = [float(torch.nn.utils.clip_grad_norm_(params, clip)) for params in self.loss.clipped_apart()]
+        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        return next((n for n in apart if not np.isfinite(n)), norm)
 
     def parameters_finite(self) -> bool:
         """Whether every published tensor (parameters and buffers) is finite: checked before a push or a
@@ -212,6 +171,7 @@ class Trainer:
                              priorities=np.zeros(0, np.float32), skipped=True)
         self.optimiser.step()
         self.step += 1
-        per_policy = [dict(zip(self.TERMS, row, strict=True)) for row in terms.tolist()]
+        self.loss.after_step(self.step)
+        per_policy = [dict(zip(self.terms, row, strict=True)) for row in terms.tolist()]
         return StepStats(loss=loss, per_policy=per_policy, grad_norm=grad_norm,
                          learning_rate=lc.learning_rate * factor, priorities=priorities.cpu().numpy())

@@ -8,8 +8,7 @@ from lbc.config import load_config
 from lbc.ngu import core_inputs, mixture_family
 from lbc.presets import CATCH_SIZING, deep_merge
 from learner_svc import checkpoint
-from learner_svc.ngu_training import NguTrainer
-from learner_svc.training import to_time_major
+from learner_svc.training import Trainer, to_time_major
 from tests.unit.test_training import _batch
 
 
@@ -42,9 +41,9 @@ def test_one_step_targets_by_hand():
     with j the member that acted and r^i_{t+1} the intrinsic reward of arriving at x_{t+1}. Computed
     here in numpy from the networks' outputs; the target network is perturbed so that it differs."""
     cfg = _config(retrace_lambda=0.0, target_epsilon=0.0)
-    trainer = NguTrainer(cfg)
+    trainer = Trainer(cfg)
     with torch.no_grad():
-        for p in trainer.target.parameters():
+        for p in trainer.loss.target.parameters():
             p.add_(0.05 * torch.randn_like(p))
     batch = _ngu_batch(cfg)
     _, terms, priorities = trainer._loss(batch)
@@ -52,8 +51,8 @@ def test_one_step_targets_by_hand():
     b = to_time_major(batch)
     extra = core_inputs(b["mixture"], b["prev_intrinsic"], cfg.ngu.num_mixtures)
     with torch.no_grad():
-        q = trainer._unroll(trainer.model, b, extra, grad=False).numpy()
-        q_target = trainer._unroll(trainer.target, b, extra, grad=False).numpy()
+        q = trainer.loss.unroll(trainer.model, b, extra, grad=False).numpy()
+        q_target = trainer.loss.unroll(trainer.loss.target, b, extra, grad=False).numpy()
     family = mixture_family(4, cfg.ngu.beta, cfg.ngu.gamma_max, cfg.ngu.gamma_min)
     burn, steps = cfg.sequence.burn_in, cfg.sequence.length
     losses = np.zeros((steps, cfg.learner.batch_size))
@@ -76,11 +75,11 @@ def test_one_step_targets_by_hand():
 
 def test_target_network_is_copied_every_period_and_auxiliary_rate_is_not_scheduled():
     cfg = _config(target_update_every=3)
-    trainer = NguTrainer(cfg)
+    trainer = Trainer(cfg)
     batch = _ngu_batch(cfg)
 
     def same() -> bool:
-        return all(torch.equal(a, b) for a, b in zip(trainer.model.parameters(), trainer.target.parameters(),
+        return all(torch.equal(a, b) for a, b in zip(trainer.model.parameters(), trainer.loss.target.parameters(),
                                                      strict=True))
 
     trainer.train_step(batch)
@@ -97,7 +96,7 @@ def test_auxiliary_networks_learn_and_travel_in_checkpoints(tmp_path):
     """RND's predictor and the inverse-dynamics model fit a fixed batch; the checkpoint holds them, the
     random RND target, the target Q-network and the optimiser with both groups."""
     cfg = _config()
-    trainer = NguTrainer(cfg)
+    trainer = Trainer(cfg)
     batch = _ngu_batch(cfg)
     first = trainer.train_step(batch).per_policy[0]
     for _ in range(30):
@@ -107,18 +106,17 @@ def test_auxiliary_networks_learn_and_travel_in_checkpoints(tmp_path):
     checkpoint.save(tmp_path, trainer.agent, trainer.optimiser, checkpoint.Counters(step=31),
                     trainer.checkpointed_modules())
     sizing = deep_merge(CATCH_SIZING, {"ngu": {"num_mixtures": 4}, "learner": {"seed": 5}})
-    other = NguTrainer(load_config("ngu", sizing))
+    other = Trainer(load_config("ngu", sizing))
     checkpoint.load(checkpoint.latest(tmp_path), other.agent, other.optimiser, other.checkpointed_modules())
-    for module in ("agent", "target"):
-        for a, b in zip(getattr(trainer, module).state_dict().values(), getattr(other, module).state_dict().values(),
-                        strict=True):
+    for mine, theirs in ((trainer.agent, other.agent), (trainer.loss.target, other.loss.target)):
+        for a, b in zip(mine.state_dict().values(), theirs.state_dict().values(), strict=True):
             assert torch.equal(a, b)
-    assert not torch.equal(next(trainer.target.parameters()), next(trainer.model.parameters()))   # 31 % 1500
+    assert not torch.equal(next(trainer.loss.target.parameters()), next(trainer.model.parameters()))   # 31 % 1500
     assert len(other.optimiser.param_groups) == 2 and other.optimiser.param_groups[1]["fixed_lr"]
 
 
 def test_a_checkpoint_without_the_target_network_is_refused(tmp_path):
-    trainer = NguTrainer(_config())
+    trainer = Trainer(_config())
     checkpoint.save(tmp_path, trainer.agent, trainer.optimiser, checkpoint.Counters())
     with pytest.raises(ValueError, match="lacks"):
         checkpoint.load(checkpoint.latest(tmp_path), trainer.agent, trainer.optimiser, trainer.checkpointed_modules())

@@ -6,7 +6,6 @@ from lbc.config import load_config
 from lbc.presets import CATCH_SIZING, deep_merge
 from lbc.sequences import sequence_layout
 from learner_svc import checkpoint
-from learner_svc.ngu_training import NguTrainer
 from learner_svc.training import Trainer, schedule_factor
 
 
@@ -175,7 +174,7 @@ def test_split_batch_is_validated():
 def test_a_batch_with_a_non_finite_loss_is_skipped_and_changes_nothing(preset):
     """Issue 12: one poisoned batch must not reach the parameters or the optimiser's moments."""
     cfg = load_config(preset, deep_merge(CATCH_SIZING, {"learner": {"warmup_steps": 0}}))
-    trainer = NguTrainer(cfg) if cfg.ngu.enabled else Trainer(cfg)
+    trainer = Trainer(cfg)
     batch = _batch(cfg, np.random.default_rng(2))
     trainer.train_step(batch)
     before = {k: v.clone() for k, v in trainer.agent.state_dict().items()}
