@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lbc.config import EnvConfig
 from lbc.scores import aggregate, human_normalised, iqm_with_ci
 
 
@@ -27,7 +28,7 @@ from lbc.scores import aggregate, human_normalised, iqm_with_ci
 class Run:
     name: str
     preset: str
-    game: str
+    game: str                 # lbc.config.EnvConfig.name: the Atari game, minatar-<game>, catch, a Gymnasium id
     metrics: list[dict]
     evals: list[dict] = field(default_factory=list)   # each with "frames" added from the version join
 
@@ -78,7 +79,10 @@ def load_run(path: Path) -> Run:
         raise ValueError(f"{path}: no metrics.jsonl records (is it a run folder written by lbc.launch?)")
     config = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else {}
     env = config.get("env", {})
-    game = env.get("game", "?") if env.get("kind", "atari") == "atari" else env.get("kind", "?")
+    try:
+        game = EnvConfig(**env).name
+    except ValueError:   # a run written by an lbc whose settings differ: its game as recorded
+        game = str(env.get("game", "?"))
     evals = []
     for record in _read_jsonl(path / "eval.jsonl"):
         frames = frames_at_version(metrics, record["version"])
@@ -166,7 +170,8 @@ def summary(runs: list[Run], png_name: str) -> str:
         protocol = "-"
         if final:
             policy = final.get("policy", "?") + (f" eps {final['epsilon']}" if final.get("epsilon") is not None else "")
-            protocol = (f"{policy}, {final.get('episodes', '?')} episodes, no-ops {final.get('noop_max', '?')}, "
+            noops = f"no-ops {final.get('noop_max', '?')}, " if human_normalised(r.game, 0.0) is not None else ""
+            protocol = (f"{policy}, {final.get('episodes', '?')} episodes, {noops}"
                         f"sticky {'0.25' if final.get('sticky_actions') else 'no'}")
         lines.append(
             f"| {r.name} | {r.preset} | {r.game} | {r.frames / 1e6:.2f}M | {r.wall_s / 60:.0f} min | {len(r.evals)} | "

@@ -57,6 +57,14 @@ def test_report_writes_plot_and_summary_with_aggregates(tmp_path, capsys):
     assert "r.md" in capsys.readouterr().out
 
 
+def test_a_minatar_run_is_named_by_its_game_and_reported_without_atari_no_ops(tmp_path):
+    _write_run(tmp_path / "m", "minatar", "space_invaders", [1.0, 2.0], [(1, 3.0)])
+    assert load_run(tmp_path / "m").game == "minatar-space_invaders"
+    assert main(["report", str(tmp_path / "m"), "--out", str(tmp_path), "--name", "r"]) == 0
+    row = next(line for line in (tmp_path / "r.md").read_text().splitlines() if line.startswith("| m |"))
+    assert "| minatar-space_invaders |" in row and "no-ops" not in row and "greedy eps 0.01, 8 episodes" in row
+
+
 def test_report_refuses_a_folder_without_metrics(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="no metrics.jsonl"):
