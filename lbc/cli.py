@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("--video", default=None, help="mp4 to write (default: none)")
     play.add_argument("--seed", type=int, default=0, help="seed of the games and the policy's draws (default 0)")
     play.add_argument("--max-frames", type=int, default=None, help="cap per episode (default: the run's env cap)")
+    play.add_argument("--policy", choices=["greedy", "sample"], default=None,
+                      help="evaluation policy (default: the run's eval.policy; see docs/decisions.md 28)")
 
     export = sub.add_parser("export", help="write a run's acting network as ONNX or TorchScript, with a JSON of its "
                                            "inputs, outputs, preprocessing and behaviour",

@@ -1,5 +1,6 @@
 """`lbc play RUN`: load a run's checkpoint, play its evaluation policy on the real game, print each
-episode's score and write the game's frames as an mp4.
+episode's score and write the game's frames as an mp4 (Atari: the emulator's colour frames; MinAtar: the
+board, one colour per channel; other environments: scores only).
 
 The game runs on ale-py's ALEInterface, so that every emulator frame is at hand in colour for the
 video. The agent sees what actors and the evaluator see (DESIGN §5): frame skip 4 with the max of the
@@ -20,7 +21,7 @@ import torch
 from PIL import Image
 
 from lbc.config import EnvConfig
-from lbc.envs import ATARI_FULL_ACTIONS, StepResult, env_spec
+from lbc.envs import ATARI_FULL_ACTIONS, StepResult, env_spec, make_envs
 from lbc.run_folder import find_checkpoint, load_config_of
 
 
@@ -102,6 +103,18 @@ class RenderedGame:
         pass
 
 
+def board_image(board: np.ndarray, scale: int = 16) -> np.ndarray:
+    """A MinAtar board (C x 10 x 10, each channel 0 or 255) as an RGB picture: every channel in its own
+    colour (matplotlib's tab10), later channels drawn over earlier ones, `scale` pixels per cell."""
+    from matplotlib import colormaps
+
+    palette = (np.asarray(colormaps["tab10"].colors) * 255).astype(np.uint8)
+    image = np.zeros((*board.shape[1:], 3), np.uint8)
+    for channel in range(board.shape[0]):
+        image[board[channel] > 0] = palette[channel % len(palette)]
+    return image.repeat(scale, axis=0).repeat(scale, axis=1)
+
+
 def play_cli(args: argparse.Namespace) -> int:
     from actor_svc.evaluator import play
     from lbc.acting import evaluation_policy
@@ -110,26 +123,40 @@ def play_cli(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run)
     cfg = load_config_of(run_dir, "play")
-    if cfg.env.kind != "atari":
-        raise SystemExit("lbc play: only Atari runs can be watched")
+    kind = cfg.env.kind
+    if args.video and kind not in ("atari", "minatar"):
+        raise SystemExit(f"lbc play: --video is for Atari and MinAtar runs; this run plays env.kind={kind} "
+                         "(scores are printed without it)")
     path, state = find_checkpoint(run_dir, args.version, "play")
-    game = RenderedGame(cfg.env, args.seed, args.max_frames, record=args.video is not None)
+    frames: list[np.ndarray] = []
+    on_frame = None
+    if kind == "atari":
+        game = RenderedGame(cfg.env, args.seed, args.max_frames, record=args.video is not None)
+        frames = game.frames
+    else:
+        env_cfg = cfg.env.model_copy(update={"max_episode_frames": args.max_frames or cfg.env.max_episode_frames})
+        game = make_envs(env_cfg, 1, args.seed)
+        if args.video:
+            def on_frame(obs: np.ndarray, actions: np.ndarray) -> None:
+                frames.append(board_image(obs[0]))
     agent = build_agent(cfg, game.spec.obs_shape, game.spec.num_actions).eval()
     agent.load_state_dict(state["model"])
     net = policy_net(agent)
     acting = make_acting(cfg, agent, 1)
-    policy = evaluation_policy(cfg)
-    print(f"playing {cfg.env.game} with {path.name} (version {state['version']}, learner step {state['step']}), "
+    policy = args.policy or evaluation_policy(cfg)
+    print(f"playing {cfg.env.name} with {path.name} (version {state['version']}, learner step {state['step']}), "
           f"policy {policy}", flush=True)
     scores = []
     for episode in range(args.episodes):
-        played = play(cfg, net, game, 1, args.seed + episode, policy, acting, torch.Generator().manual_seed(args.seed))
+        played = play(cfg, net, game, 1, args.seed + episode, policy, acting, torch.Generator().manual_seed(args.seed),
+                      on_frame=on_frame)
         scores += played[0]
         print(f"episode {episode + 1}: score {played[0][0]:.0f} ({played[1]} agent steps)", flush=True)
-    print(f"mean {np.mean(scores):.2f} over {len(scores)} episode(s)")
+    print(f"mean {np.mean(scores):.2f} +- {np.std(scores):.2f} over {len(scores)} episode(s)")
     if args.video:
-        write_video(Path(args.video), game.frames)
-        print(f"wrote {args.video} ({len(game.frames)} frames)")
+        write_video(Path(args.video), frames, fps=60 if kind == "atari" else 10)
+        print(f"wrote {args.video} ({len(frames)} frames)")
+    game.close()
     return 0
 
 

@@ -1,5 +1,5 @@
 """`lbc report` on small fixed run folders, TensorBoard files read back with tensorboard's own reader,
-and `lbc play` writing an mp4 of a real game that decodes to the frames it played."""
+and `lbc play` writing an mp4 of a real game (Atari, MinAtar) that decodes to the frames it played."""
 
 import json
 import re
@@ -112,6 +112,38 @@ def test_play_writes_a_video_of_the_frames_played(tmp_path, capsys):
     assert frames[0].shape == (210, 160, 3) and frames[-1].std() > 0
     with pytest.raises(SystemExit, match="versions kept: \\[3\\]"):
         play_cli(build_parser().parse_args(["play", str(run), "--version", "99"]))
+
+
+def test_play_shows_a_minatar_board_and_takes_a_policy(tmp_path, capsys):
+    """MinAtar runs play on the package's own game; the mp4 holds one board picture per agent step, each
+    channel in its colour. --policy overrides the run's evaluation policy; Catch runs print scores only."""
+    import imageio.v2 as imageio
+
+    run = tmp_path / "run"
+    run_folder_with_checkpoint(run, load_config("minatar", ["env.game=breakout", f"run_dir={run}"]), step=2, version=1)
+    video = tmp_path / "board.mp4"
+    args = build_parser().parse_args(["play", str(run), "--video", str(video), "--max-frames", "40",
+                                      "--policy", "sample"])
+    from lbc.play import board_image, play_cli
+
+    assert play_cli(args) == 0
+    out = capsys.readouterr().out
+    assert "playing minatar-breakout" in out and "policy sample" in out
+    steps = int(re.search(r"episode 1: score \d+ \((\d+) agent steps\)", out).group(1))
+    frames = [frame for frame in imageio.get_reader(str(video), format="ffmpeg").iter_data()]
+    assert len(frames) == steps == int(re.search(r"\((\d+) frames\)", out).group(1)) and 0 < steps <= 40
+    assert frames[0].shape == (160, 160, 3) and frames[0].std() > 0
+    board = np.zeros((4, 10, 10), np.uint8)
+    board[1, 2, 3] = 255
+    image = board_image(board, scale=2)
+    assert image.shape == (20, 20, 3) and image[4:6, 6:8].any() and not image[:4].any()
+
+    catch = tmp_path / "catch"
+    run_folder_with_checkpoint(catch, load_config("catch", [f"run_dir={catch}"]), step=1, version=1)
+    with pytest.raises(SystemExit, match="--video is for Atari and MinAtar"):
+        play_cli(build_parser().parse_args(["play", str(catch), "--video", str(tmp_path / "c.mp4")]))
+    assert play_cli(build_parser().parse_args(["play", str(catch), "--episodes", "2"])) == 0
+    assert "over 2 episode(s)" in capsys.readouterr().out
 
 
 def test_dead_torso_units_get_their_own_panel(tmp_path):
