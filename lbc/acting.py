@@ -16,6 +16,7 @@ import torch
 
 from lbc.behaviour import boltzmann_mixture, epsilon_greedy
 from lbc.config import Config
+from lbc.family import family_traits
 from lbc.nets import LBCNet, NetOutput
 
 
@@ -54,11 +55,7 @@ def forward(net: LBCNet, obs: np.ndarray, inputs: CoreInputs, extra: torch.Tenso
 def evaluation_policy(cfg: Config) -> str:
     """The evaluation policy `eval.policy` resolves to (docs/decisions.md 28): `sample` from the target
     policy where the behaviour is a fixed Boltzmann policy (IMPALA, dice-fixed), else `greedy`."""
-    if cfg.eval.policy != "auto":
-        return cfg.eval.policy
-    fixed_boltzmann = (not cfg.behaviour.controlled and cfg.behaviour.family == "boltzmann_mixture"
-                       and not cfg.ngu.enabled)
-    return "sample" if fixed_boltzmann else "greedy"
+    return family_traits(cfg).evaluation_policy if cfg.eval.policy == "auto" else cfg.eval.policy
 
 
 def evaluation_probs(cfg: Config, out: NetOutput, policy: str) -> torch.Tensor:

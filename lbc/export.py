@@ -26,6 +26,7 @@ from torch import nn
 from lbc.acting import evaluation_policy
 from lbc.config import Config
 from lbc.envs import env_spec
+from lbc.family import family_traits
 from lbc.nets import LBCNet, build_agent, policy_net
 from lbc.run_folder import find_checkpoint, load_config_of
 
@@ -138,7 +139,7 @@ def describe(cfg: Config, net: LBCNet, fmt: str, file: str, version: int, step: 
         "preprocessing": preprocessing,
         "policies": [{"gamma": p.gamma, "reward_shaping": p.reward_shaping} for p in cfg.policies],
         "behaviour": {
-            "family": "ngu_epsilon_greedy" if cfg.ngu.enabled else cfg.behaviour.family,
+            "family": family_traits(cfg).behaviour,
             "components": cfg.components,
             "evaluation_policy": evaluation_policy(cfg),
             "evaluation_epsilon": cfg.eval.epsilon,

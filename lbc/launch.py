@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lbc.bandit import Discretisation
 from lbc.config import PRESETS, Config, endpoints_from_base, load_config, unknown_name
+from lbc.family import family_traits
 from lbc.preflight import PreflightError, check_game, check_ports, check_run_dir, local_ports
 from lbc.scores import human_normalised
 from lbc.service import LAUNCHER_PID_VAR
@@ -404,9 +405,7 @@ def supervise(args: argparse.Namespace, cfg: Config, name: str, game: str, run_d
                 metrics_log.flush()
                 tensorboard.write(record)
                 print(f"[{time.monotonic() - started:6.0f}s] {Progress.line(record)}", flush=True)
-                # NGU's own measure is its exploitative member's return (its others explore on purpose)
-                key, window = (("exploit_return_100", "exploit_window") if cfg.ngu.enabled
-                               else ("mean_return_100", "return_window"))
+                key, window = family_traits(cfg).score
                 if args.until_return is not None and record[window] >= 100 and record[key] >= args.until_return:
                     print(f"lbc: mean return reached {args.until_return}", flush=True)
                     break

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from lbc.family import family_traits
 from lbc.ngu_nets import NguAgent, NguAux
 from lbc.recycling import Link, dormant_scores, recycle, unit_activity
 
@@ -367,9 +368,8 @@ class LBCNet(nn.Module):
 def build_net(cfg, obs_shape: tuple[int, ...], num_actions: int) -> LBCNet:
     """The network the configuration describes (cfg: lbc.config.Config). NGU's is conditioned on the
     one-hot mixture index j and the intrinsic reward (lbc.ngu.core_inputs)."""
-    extra = cfg.ngu.num_mixtures + 1 if cfg.ngu.enabled else 0
     return LBCNet(cfg.net.torso, obs_shape, num_actions, cfg.num_policies, cfg.net.hidden, cfg.net.lstm,
-                  cfg.net.core, extra_inputs=extra, init=cfg.net.init,
+                  cfg.net.core, extra_inputs=family_traits(cfg).extra_inputs, init=cfg.net.init,
                   centre_frames=cfg.net.centre_frames)
 
 
@@ -377,7 +377,7 @@ def build_agent(cfg, obs_shape: tuple[int, ...], num_actions: int) -> nn.Module:
     """What the learner publishes and checkpoints and an actor loads: the net, or for NGU an NguAgent
     (the net with the embedding and RND networks, whose random RND target travels with it)."""
     net = build_net(cfg, obs_shape, num_actions)
-    if not cfg.ngu.enabled:
+    if not family_traits(cfg).aux_networks:
         return net
     return NguAgent(net, NguAux(obs_shape, num_actions, cfg.ngu.embedding_dim, cfg.ngu.rnd_dim))
 

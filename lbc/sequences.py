@@ -17,11 +17,7 @@ from lbc.behaviour import psi_problem, psi_width, split_psi
 from lbc.codec import CodecError, Layout, check_layout
 from lbc.config import Config
 from lbc.envs import env_spec
-
-
-def observation_extras(cfg: Config) -> dict[str, str]:
-    """Fields recorded per observation beyond the core ones: name -> dtype."""
-    return {"mixture": "int32", "prev_intrinsic": "float32"} if cfg.ngu.enabled else {}
+from lbc.family import family_traits
 
 
 def sequence_fields(steps: int, obs_shape: tuple[int, ...], lstm: int, psi_dim: int,
@@ -48,7 +44,7 @@ def sequence_layout(cfg: Config) -> Layout:
     """The sequence layout of a configuration."""
     spec = env_spec(cfg.env)
     return sequence_fields(cfg.sequence.total, spec.obs_shape, cfg.net.lstm, psi_width(cfg.num_components),
-                           observation_extras(cfg), spec.obs_dtype)
+                           family_traits(cfg).fields, spec.obs_dtype)
 
 
 def batch_layout(cfg: Config) -> Layout:
@@ -102,12 +98,9 @@ def _check_values(arrays: Mapping[str, np.ndarray], cfg: Config) -> None:
         raise CodecError("h0 outside [-1, 1], which no LSTM produces", "value")
     if not np.all(np.abs(arrays["c0"]) <= cfg.env.max_episode_frames):
         raise CodecError(f"c0 not finite or beyond {cfg.env.max_episode_frames} (one per step)", "value")
-    if cfg.ngu.enabled:
-        mixture, intrinsic = arrays["mixture"], arrays["prev_intrinsic"]
-        if mixture.min() < 0 or mixture.max() >= cfg.ngu.num_mixtures:
-            raise CodecError(f"mixture outside [0, {cfg.ngu.num_mixtures})", "value")
-        if not np.all(np.isfinite(intrinsic) & (intrinsic >= 0.0)):
-            raise CodecError("prev_intrinsic must be finite and non-negative", "value")
+    problem = family_traits(cfg).check_fields(arrays, cfg)
+    if problem:
+        raise CodecError(problem, "value")
 
 
 def stack(sequences: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:

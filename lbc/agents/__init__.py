@@ -7,7 +7,8 @@ own seam (lbc/controllers.py, `make_controller`).
   configuration: behaviour family, target policy, loss scales; presets in lbc/presets.py).
 - lbc/agents/ngu.py: NGU and Agent57.
 
-Adding an agent (e.g. R2D2): a module here with its Acting and Loss, a case in `family_of` and a preset in
+Adding an agent (e.g. R2D2): a module here with its Acting and Loss, its traits in lbc/family.py (network
+inputs, sequence fields, evaluation policy), a case in `make_acting`/`make_loss` and a preset in
 lbc/presets.py; its maths as pure functions beside the others (lbc/losses.py, lbc/behaviour.py).
 """
 
@@ -19,14 +20,10 @@ from lbc.agents.lbc_family import LbcActing, LbcLoss
 from lbc.agents.ngu import NguActing, NguLoss
 from lbc.agents.protocols import Acting, Loss, LossOutput
 from lbc.config import Config
+from lbc.family import family_of
 from lbc.nets import policy_net
 
 __all__ = ["Acting", "Loss", "LossOutput", "family_of", "make_acting", "make_loss"]
-
-
-def family_of(cfg: Config) -> str:
-    """The algorithm family a configuration trains: the one place that tells them apart."""
-    return "ngu" if cfg.ngu.enabled else "lbc"
 
 
 def make_acting(cfg: Config, agent: torch.nn.Module, num_envs: int, actor_index: int = 0) -> Acting:

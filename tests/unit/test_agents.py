@@ -8,9 +8,12 @@ import torch
 from lbc.agents import LbcActing, NguActing, family_of, make_acting, make_loss
 from lbc.agents.lbc_family import LbcLoss
 from lbc.agents.ngu import NguLoss
+from lbc.acting import evaluation_policy
 from lbc.behaviour import EpisodeBehaviour, boltzmann_mixture, epsilon_greedy_mixture
 from lbc.config import PRESETS, load_config
-from lbc.nets import NetOutput, build_agent
+from lbc.family import family_traits
+from lbc.nets import NetOutput, build_agent, policy_net
+from lbc.sequences import sequence_layout
 from lbc.presets import CATCH_SIZING, deep_merge
 
 
@@ -31,6 +34,18 @@ def test_every_preset_has_one_family_with_its_acting_and_loss(preset):
     assert family_of(cfg) == ("ngu" if preset in ("ngu", "agent57") else "lbc")
     assert (type(acting), type(loss)) == expected
     assert acting.psi.shape == (4, 2 * cfg.num_components)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_a_familys_traits_shape_its_network_sequences_and_evaluation(preset):
+    cfg = _catch(preset)
+    traits, ngu = family_traits(cfg), preset in ("ngu", "agent57")
+    assert policy_net(_agent(cfg)).extra_inputs == traits.extra_inputs == (cfg.ngu.num_mixtures + 1 if ngu else 0)
+    extras = set(sequence_layout(cfg)) - set(sequence_layout(_catch("cpu")))
+    assert extras == set(traits.fields) == ({"mixture", "prev_intrinsic"} if ngu else set())
+    fixed_boltzmann = not cfg.behaviour.controlled and cfg.behaviour.family == "boltzmann_mixture" and not ngu
+    assert evaluation_policy(cfg) == ("sample" if fixed_boltzmann else "greedy")
+    assert evaluation_policy(_catch(preset, {"eval": {"policy": "sample"}})) == "sample"
 
 
 def _output(adv):
