@@ -20,6 +20,7 @@ from lbc.acting import CoreInputs, forward
 from lbc.agents import make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import Config
+from lbc.devices import pick_device
 from lbc.envs import make_envs
 from lbc.nets import build_agent, policy_net
 from lbc.scores import human_normalised
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = actor_seed(cfg.env.seed, args.index, args.actor_id)
     envs = make_envs(cfg.env, num_envs, seed=seed)
     spec = envs.spec
-    agent = build_agent(cfg, spec.obs_shape, spec.num_actions).eval()
+    agent = build_agent(cfg, spec.obs_shape, spec.num_actions).eval().to(pick_device(cfg.actor.device, "actor.device"))
     net = policy_net(agent)
     acting = make_acting(cfg, agent, num_envs, args.index)
     puller = ParamPuller(cfg, actor_id, agent)
@@ -127,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         fields = acting.observe(obs, inputs.reset)
         if fields:
             INTRINSIC_SECONDS.inc(time.perf_counter() - t0)
-        for seq, version in builder.observe(obs, inputs.prev_action, inputs.prev_reward, inputs.reset,
-                                            inputs.state[0].numpy(), inputs.state[1].numpy(), puller.version, fields):
+        h, c = (s.cpu().numpy() for s in inputs.state)
+        for seq, version in builder.observe(obs, inputs.prev_action, inputs.prev_reward, inputs.reset, h, c,
+                                            puller.version, fields):
             if not sender.send(seq, version):
                 break
         t0 = time.perf_counter()

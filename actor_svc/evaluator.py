@@ -27,6 +27,7 @@ from lbc.acting import CoreInputs, evaluation_policy, evaluation_probs, forward
 from lbc.agents import Acting, make_acting
 from lbc.behaviour import sample_actions
 from lbc.config import Config, EnvConfig
+from lbc.devices import pick_device
 from lbc.envs import VectorEnvs, make_envs
 from lbc.nets import build_agent, policy_net
 from lbc.scores import summarise
@@ -114,7 +115,7 @@ def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
     game = cfg.env.name
     envs = make_envs(eval_env_config(cfg), ec.num_envs, seed=ec.seed)
     spec = envs.spec
-    agent = build_agent(cfg, spec.obs_shape, spec.num_actions).eval()
+    agent = build_agent(cfg, spec.obs_shape, spec.num_actions).eval().to(pick_device(cfg.actor.device, "actor.device"))
     net = policy_net(agent)
     acting = make_acting(cfg, agent, ec.num_envs)
     puller = ParamPuller(cfg, f"evaluator-{index}", agent)

@@ -16,6 +16,7 @@ import torch
 
 from lbc.behaviour import boltzmann_mixture, epsilon_greedy
 from lbc.config import Config
+from lbc.devices import to_device
 from lbc.family import family_traits
 from lbc.nets import LBCNet, NetOutput
 
@@ -46,10 +47,15 @@ class CoreInputs:
 @torch.no_grad()
 def forward(net: LBCNet, obs: np.ndarray, inputs: CoreInputs, extra: torch.Tensor | None = None) -> NetOutput:
     """One time step of the network for every environment: obs [E, *obs_shape] uint8. The outputs keep
-    a leading time axis of 1 (adv [1, E, N, A])."""
-    return net(torch.from_numpy(obs)[None], torch.from_numpy(inputs.prev_action)[None],
-               torch.from_numpy(inputs.prev_reward)[None], torch.from_numpy(inputs.reset)[None], inputs.state,
-               extra)
+    a leading time axis of 1 (adv [1, E, N, A]); adv and value come back to the CPU, where actions are
+    drawn, while the recurrent state stays on the network's device (actor.device)."""
+    device = net.heads.weight.device
+    out = net(to_device(obs, device)[None], to_device(inputs.prev_action, device)[None],
+              to_device(inputs.prev_reward, device)[None], to_device(inputs.reset, device)[None], inputs.state,
+              None if extra is None else extra.to(device))
+    if device.type == "cpu":
+        return out
+    return NetOutput(adv=out.adv.cpu(), value=out.value.cpu(), state=out.state)
 
 
 def evaluation_policy(cfg: Config) -> str:

@@ -212,12 +212,16 @@ class LearnerConfig(_Section):
                                                   "intra-op thread each suits a CPU shared with actors)")
     prefetch: int = Field(2, ge=1)
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when a GPU is visible")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: the network's matrix products and "
+                                               "convolutions under bfloat16 autocast (losses and weights stay fp32)")
     seed: int = 0
 
 
 class ActorConfig(_Section):
     pull_every: int = Field(64, ge=1, description="vector steps between parameter pulls")
     threads: int = Field(1, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = Field("cpu", description="where actors and the evaluator run their "
+                                                   "network: cuda batches each actor's inference on the GPU")
 
 
 class NguConfig(_Section):

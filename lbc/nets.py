@@ -335,7 +335,8 @@ class LBCNet(nn.Module):
         return {names[id(link.relu)]: n for link, n in zip(links, counts, strict=True)}
 
     def initial_state(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        z = torch.zeros(batch, self.lstm_size)
+        """The zero state (h, c), [batch, H] each, on the network's device."""
+        z = torch.zeros(batch, self.lstm_size, device=self.heads.weight.device)
         return z, z.clone()
 
     def forward(
@@ -359,7 +360,8 @@ class LBCNet(nn.Module):
         core_in = torch.cat(parts if extra is None else [*parts, extra.to(feats.dtype)], -1)
         keep = (~reset).to(feats.dtype).unsqueeze(-1)
         core_out, (h, c) = self.core(core_in, keep, state)
-        heads = self.heads(core_out).view(steps, batch, self.num_policies, self.num_actions + 1)
+        # float(): under bf16 autocast (learner.precision) the losses still read fp32 values
+        heads = self.heads(core_out).float().view(steps, batch, self.num_policies, self.num_actions + 1)
         raw_adv, value = heads[..., :-1], heads[..., -1]
         adv = raw_adv - raw_adv.mean(-1, keepdim=True)
         return NetOutput(adv=adv, value=value, state=(h, c))

@@ -14,6 +14,7 @@ import torch
 
 from lbc.agents import LossOutput, make_loss
 from lbc.config import Config, LearnerConfig
+from lbc.devices import pick_device, to_device
 from lbc.envs import env_spec
 from lbc.nets import LBCNet, build_agent, policy_net
 
@@ -34,26 +35,17 @@ class StepStats:
     skipped: bool = False                # the loss or a gradient was not finite: no parameter changed
 
 
+CPU = torch.device("cpu")
 PER_SEQUENCE = ("h0", "c0", "param_version", "key", "weight")   # [B, ...], not per time step
 
 
-def to_time_major(batch: dict[str, np.ndarray], device: torch.device | None = None) -> dict[str, torch.Tensor]:
+def to_time_major(batch: dict[str, np.ndarray], device: torch.device = CPU) -> dict[str, torch.Tensor]:
     """[B, T, ...] numpy arrays to [T, B, ...] tensors on `device`; h0/c0 stay [B, H]."""
     out: dict[str, torch.Tensor] = {}
     for name, arr in batch.items():
-        t = torch.from_numpy(np.ascontiguousarray(arr))
-        if device is not None and device.type != "cpu":
-            t = t.pin_memory().to(device, non_blocking=True)
+        t = to_device(arr, device)
         out[name] = t if name in PER_SEQUENCE else t.transpose(0, 1)
     return out
-
-
-def pick_device(setting: str) -> torch.device:
-    if setting == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("learner.device=cuda but no CUDA device is visible")
-    if setting == "auto":
-        setting = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(setting)
 
 
 def build_optimiser(model: torch.nn.Module, lc: LearnerConfig) -> torch.optim.Optimizer:
@@ -71,7 +63,7 @@ class Trainer:
         self.cfg = cfg
         spec = env_spec(cfg.env)
         torch.manual_seed(cfg.learner.seed)
-        self.device = pick_device(cfg.learner.device)
+        self.device = pick_device(cfg.learner.device, "learner.device")
         # agent: what is published and checkpointed; model: the network the RL loss trains
         self.agent = build_agent(cfg, spec.obs_shape, spec.num_actions).to(self.device)
         self.model: LBCNet = policy_net(self.agent).set_channels_last(True)
@@ -98,7 +90,8 @@ class Trainer:
     def _loss(self, batch: dict[str, np.ndarray]) -> LossOutput:
         """The family's loss for (part of) a batch: (total as a mean over time and batch, terms
         [N, len(terms)], priorities [B])."""
-        return self.loss(self.model, to_time_major(batch, self.device))
+        with torch.autocast(self.device.type, torch.bfloat16, enabled=self.cfg.learner.precision == "bf16"):
+            return self.loss(self.model, to_time_major(batch, self.device))
 
     def _probe_frames(self, batch: dict[str, np.ndarray], frames: int = 256) -> torch.Tensor:
         """Up to `frames` of the batch's learned-on frames (after burn-in), spread over the batch."""

@@ -19,6 +19,7 @@ import torch
 from lbc.agents.protocols import LossOutput
 from lbc.behaviour import EpisodeBehaviour, epsilon_greedy, join_psi, psi_width
 from lbc.config import Config
+from lbc.devices import to_device
 from lbc.losses import ngu_q_loss, sequence_priorities
 from lbc.nets import LBCNet, NetOutput
 from lbc.ngu import IntrinsicRewards, core_inputs, environment_epsilons, environment_mixtures, mixture_family
@@ -52,9 +53,9 @@ class NguActing:
         """r^i of arriving at x_t in every environment (its episodic memory is emptied where x_t starts an
         episode) and the environment's j: the per-observation fields of the sequence."""
         with torch.no_grad():
-            frames = torch.from_numpy(obs)
-            embeddings = self.aux.embedding(frames).numpy()
-            errors = self.aux.rnd.error(frames).numpy()
+            frames = to_device(obs, next(self.aux.parameters()).device)
+            embeddings = self.aux.embedding(frames).cpu().numpy()
+            errors = self.aux.rnd.error(frames).cpu().numpy()
         intrinsic = self.rewards.step(embeddings, errors, reset).astype(np.float32)
         return {"mixture": self.mixture.astype(np.int32), "prev_intrinsic": intrinsic}
 

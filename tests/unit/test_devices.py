@@ -1,0 +1,81 @@
+"""Device selection and the GPU path's pieces as they run on a machine without a GPU (CI has none):
+the settings, host-to-device copies that skip pinning on the CPU, the acting step's device handling, and
+bf16 autocast in the learner against the fp32 step."""
+
+import numpy as np
+import pytest
+import torch
+
+from lbc.acting import CoreInputs, forward
+from lbc.config import load_config
+from lbc.devices import pick_device, to_device
+from lbc.nets import build_net
+from lbc.presets import CATCH_SIZING, deep_merge
+from learner_svc.training import Trainer, to_time_major
+from tests.unit.test_training import _batch
+
+NO_GPU = not torch.cuda.is_available()
+
+
+def test_settings_pick_the_device_and_refuse_a_missing_gpu():
+    assert pick_device("cpu", "actor.device") == torch.device("cpu")
+    assert pick_device("auto", "learner.device").type == ("cpu" if NO_GPU else "cuda")
+    if NO_GPU:
+        with pytest.raises(SystemExit, match="actor.device=cuda but no CUDA device is visible"):
+            pick_device("cuda", "actor.device")
+    assert load_config("cpu").actor.device == "cpu" and load_config("cpu", ["actor.device=auto"]).actor.device == "auto"
+    with pytest.raises(ValueError, match="actor.device"):
+        load_config("cpu", ["actor.device=tpu"])
+    with pytest.raises(ValueError, match="learner.precision"):
+        load_config("cpu", ["learner.precision=fp8"])
+
+
+def test_host_arrays_reach_the_cpu_without_a_copy_or_pinning():
+    frames = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    on_cpu = to_device(frames, torch.device("cpu"))
+    assert on_cpu.data_ptr() == frames.__array_interface__["data"][0] and not on_cpu.is_pinned()
+    batch = {"obs": np.zeros((2, 5, 1, 3, 3), np.uint8), "h0": np.zeros((2, 4), np.float32)}
+    b = to_time_major(batch, torch.device("cpu"))
+    assert b["obs"].shape == (5, 2, 1, 3, 3) and b["h0"].shape == (2, 4)
+
+
+def test_the_acting_step_returns_its_outputs_on_the_cpu_and_keeps_the_state_with_the_network():
+    cfg = load_config("catch")
+    net = build_net(cfg, (1, 10, 5), 3).eval()
+    inputs = CoreInputs.start(net, 4)
+    out = forward(net, np.zeros((4, 1, 10, 5), np.uint8), inputs)
+    assert out.adv.device.type == out.value.device.type == "cpu" and out.adv.shape == (1, 4, 3, 3)
+    assert inputs.state[0].device == net.heads.weight.device == out.state[0].device
+
+
+def _flat_grad(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("preset, sizing", [
+    ("cpu", {"env": {"game": "breakout"}, "learner": {"batch_size": 4, "split_batch": 1}}),
+    ("impala-cpu", {"env": {"game": "breakout"}, "learner": {"batch_size": 4}}),
+    ("ngu", deep_merge(CATCH_SIZING, {"learner": {"batch_size": 8}})),
+])
+def test_bf16_autocast_keeps_the_fp32_loss_and_gradient(preset, sizing):
+    """learner.precision=bf16 runs the network's matrix products in bfloat16 (8 bits of mantissa): on one
+    real-sized batch every loss term stays within 2% of fp32's and the gradient points the same way (cosine
+    > 0.99); the losses read fp32 outputs. Weights and optimiser state stay fp32."""
+    cfg32 = load_config(preset, deep_merge(sizing, {"learner": {"warmup_steps": 0}}))
+    cfg16 = load_config(preset, deep_merge(sizing, {"learner": {"warmup_steps": 0, "precision": "bf16"}}))
+    batch = _batch(cfg32, np.random.default_rng(3))
+    batch["behaviour_prob"][:] = 1.0 / (18 if cfg32.env.kind == "atari" else 3)
+    results = []
+    for cfg in (cfg32, cfg16):
+        torch.manual_seed(0)
+        trainer = Trainer(cfg)
+        trainer.agent.load_state_dict(results[0][2] if results else trainer.agent.state_dict())
+        out = trainer._loss(batch)
+        out.total.backward()
+        results.append((out.terms, _flat_grad(trainer.model), trainer.agent.state_dict()))
+        assert out.total.dtype == torch.float32 and out.terms.dtype == torch.float32
+        assert all(p.dtype == torch.float32 for p in trainer.agent.parameters())
+    (terms32, grad32, _), (terms16, grad16, _) = results
+    assert torch.isfinite(grad16).all()
+    assert torch.allclose(terms16, terms32, rtol=0.02, atol=1e-3), (terms32, terms16)
+    assert float(torch.nn.functional.cosine_similarity(grad32, grad16, dim=0)) > 0.99
