@@ -6,8 +6,11 @@ learner samples/s (one training step of the preset's batch). Combines them into 
 
     ceiling = cores / (1/env + 1/inference + replay_ratio/learner)     [agent steps/s]
 
-then runs the whole system with the launcher and prints achieved / ceiling. For NGU presets it also
-prints what the intrinsic reward costs per agent step, by how full the episodic memories are.
+then runs the whole system with the launcher and prints achieved / ceiling. It also splits one learner
+step into its parts (copy to the device, forward and loss, backward, optimiser), and on a GPU machine
+reports peak memory and nvidia-smi's utilisation; --actor-scaling 1,2,4,8,12 runs the whole system per
+actor count against linear scaling. For NGU presets it prints what the intrinsic reward costs per agent
+step, by how full the episodic memories are.
 Figures are printed, never asserted: this is a benchmark, not a test.
 """
 
@@ -33,7 +36,7 @@ from lbc.config import PRESETS, Config, load_config
 from lbc.envs import make_envs
 from lbc.nets import build_agent, policy_net
 from lbc.sequences import sequence_layout
-from learner_svc.training import Trainer
+from learner_svc.training import Trainer, to_time_major
 
 
 def env_rate(cfg: Config, seconds: float) -> float:
@@ -102,8 +105,7 @@ def intrinsic_cost(cfg: Config, fills: tuple[int, ...], steps: int = 50) -> dict
     return out
 
 
-def learner_rate(cfg: Config, seconds: float) -> float:
-    """Learning samples/s: batch x learning length per step (burn-in is extra work, not counted)."""
+def _learner_batch(cfg: Config) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     batch: dict[str, np.ndarray] = {}
     for name, (dtype, shape) in sequence_layout(cfg).items():
@@ -117,15 +119,76 @@ def learner_rate(cfg: Config, seconds: float) -> float:
         else:
             batch[name] = np.zeros(full, np.float32)
     batch["behaviour_prob"][:] = 0.3
-    # one core: the batch is not split across threads
-    one_part = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"split_batch": 1})})
-    trainer = Trainer(one_part)
+    return batch
+
+
+def _one_part_trainer(cfg: Config) -> Trainer:
+    """The preset's learner on one core: the batch is not split across threads."""
+    return Trainer(cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"split_batch": 1})}))
+
+
+def learner_rate(cfg: Config, seconds: float) -> float:
+    """Learning samples/s: batch x learning length per step (burn-in is extra work, not counted)."""
+    batch = _learner_batch(cfg)
+    trainer = _one_part_trainer(cfg)
     trainer.train_step(batch)
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         trainer.train_step(batch)
         steps += 1
+    if trainer.device.type == "cuda":
+        torch.cuda.synchronize()
     return steps * cfg.learner.batch_size * cfg.sequence.length / (time.perf_counter() - start)
+
+
+def learner_parts(cfg: Config, steps: int = 10) -> dict[str, float]:
+    """Milliseconds per learner step in its parts, waiting for the device after each: the batch's copy to
+    the learner's device, forward and loss (copy excluded), backward, clipping and the optimiser step; on a
+    GPU also the peak memory allocated (MiB)."""
+    batch = _learner_batch(cfg)
+    trainer = _one_part_trainer(cfg)
+    cuda = trainer.device.type == "cuda"
+
+    def wait() -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    totals = dict.fromkeys(("copy", "forward+loss", "backward", "optimiser"), 0.0)
+    for i in range(steps + 2):   # two warm-up steps
+        t0 = wait()
+        to_time_major(batch, trainer.device)
+        t1 = wait()
+        out = trainer._loss(batch)
+        t2 = wait()
+        out.total.backward()
+        t3 = wait()
+        trainer._clip_gradients()
+        trainer.optimiser.step()
+        trainer.optimiser.zero_grad(set_to_none=True)
+        t4 = wait()
+        if i >= 2:
+            for part, dt in zip(totals, (t1 - t0, t2 - t1 - (t1 - t0), t3 - t2, t4 - t3), strict=True):
+                totals[part] += dt * 1e3 / steps
+    if cuda:
+        totals["peak MiB"] = torch.cuda.max_memory_allocated() / 2**20
+    return totals
+
+
+class GpuSampler:
+    """nvidia-smi's utilisation and memory, sampled every second in the background (GPU machines only)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits", "-l", "1"],
+            stdout=subprocess.PIPE, text=True)
+
+    def stop(self) -> tuple[float, float]:
+        """(mean utilisation %, peak memory used MiB) over the samples."""
+        self.proc.terminate()
+        rows = [line.split(",") for line in self.proc.communicate()[0].splitlines() if "," in line]
+        util = [float(r[0]) for r in rows]
+        return (float(np.mean(util)) if util else float("nan"), max((float(r[1]) for r in rows), default=float("nan")))
 
 
 def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: float, overrides: list[str]) -> dict:
@@ -158,6 +221,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=120.0, help="end-to-end measuring window")
     parser.add_argument("--warmup", type=float, default=30.0, help="end-to-end seconds discarded at the start")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--stages-only", action="store_true", help="measure the stages alone, not the whole system")
+    parser.add_argument("--actor-scaling", default="", metavar="N,N,...",
+                        help="also run the whole system with each of these actor counts, e.g. 1,2,4,8,12")
     args = parser.parse_args()
 
     cfg = load_config(args.preset, [f"env.game={args.game}", *args.overrides])
@@ -178,17 +244,36 @@ def main() -> int:
               + ", ".join(f"{fill:,}: {us:,.0f} us" for fill, us in costs.items())
               + f" (the whole inference stage: {1e6 / inf:,.0f} us at fill 1)", flush=True)
     learn = learner_rate(cfg, args.stage_seconds)
-    print(f"learner alone     (1 core): {learn:10,.0f} samples/s", flush=True)
+    device = f"{cfg.learner.device} device, {cfg.learner.precision}"
+    print(f"learner alone     (1 core, {device}): {learn:10,.0f} samples/s", flush=True)
+    parts = learner_parts(cfg)
+    print("learner step, ms:  " + ", ".join(f"{part} {ms:,.1f}" for part, ms in parts.items()), flush=True)
     ratio = cfg.replay.replay_ratio
     ceiling = args.cores / (1 / env + 1 / inf + ratio / learn)
     print(f"ceiling = {args.cores} / (1/env + 1/inference + {ratio}/learner) = {ceiling:,.0f} agent steps/s "
           f"= {ceiling * frame_skip:,.0f} frames/s", flush=True)
-    e2e = end_to_end(args.preset, args.game, args.actors, args.seconds, args.warmup, args.overrides)
-    achieved = e2e["frames_per_s"] / frame_skip
-    print(f"end to end ({args.actors} actor(s), {e2e['seconds']:.0f} s after {args.warmup:.0f} s warm-up): "
-          f"{e2e['frames_per_s']:,.0f} frames/s = {achieved:,.0f} agent steps/s, "
-          f"learner {e2e['learner_steps_per_s']:.2f} steps/s, lag {e2e['lag']}")
-    print(f"achieved / ceiling = {achieved / ceiling:.2f}")
+    if args.stages_only:
+        return 0
+    gpu = shutil.which("nvidia-smi") is not None and torch.cuda.is_available()
+    counts = [args.actors] + [int(n) for n in args.actor_scaling.split(",") if n and int(n) != args.actors]
+    first = None
+    for actors in counts:
+        sampler = GpuSampler() if gpu else None
+        e2e = end_to_end(args.preset, args.game, actors, args.seconds, args.warmup, args.overrides)
+        achieved = e2e["frames_per_s"] / frame_skip
+        first = first or (actors, e2e["frames_per_s"])
+        scaling = e2e["frames_per_s"] / (first[1] * actors / first[0])
+        line = (f"end to end ({actors} actor(s), {e2e['seconds']:.0f} s after {args.warmup:.0f} s warm-up): "
+                f"{e2e['frames_per_s']:,.0f} frames/s = {achieved:,.0f} agent steps/s, "
+                f"learner {e2e['learner_steps_per_s']:.2f} steps/s, lag {e2e['lag']}")
+        if sampler is not None:
+            util, memory = sampler.stop()
+            line += f", GPU {util:.0f}% busy, {memory:,.0f} MiB"
+        if actors != first[0]:
+            line += f", {scaling:.2f} of linear from {first[0]} actor(s)"
+        print(line, flush=True)
+        if actors == args.actors:
+            print(f"achieved / ceiling = {achieved / ceiling:.2f}", flush=True)
     return 0
 
 
