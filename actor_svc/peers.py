@@ -18,7 +18,7 @@ import zmq
 from prometheus_client import Counter, Gauge
 
 from lbc import codec
-from lbc.behaviour import EpisodeBehaviour, psi_problem
+from lbc.behaviour import EpisodeBehaviour, Psi, psi_problem
 from lbc.config import Config
 from lbc.params import load_blob
 from lbc.peers import BanditClient, ParameterClient
@@ -93,7 +93,7 @@ class BehaviourSource:
         self.tau_max = cfg.tau_max
         # Agent57: the bandit chooses j, so a reply without a valid one is refused
         self.num_mixtures = cfg.ngu.num_mixtures if cfg.bandit.algorithm == "sliding_window_ucb" else 0
-        self.default = EpisodeBehaviour("", [cfg.behaviour.fixed_tau] * n, [1.0 / n] * n)
+        self.default = EpisodeBehaviour("", Psi.uniform(cfg.behaviour.fixed_tau, n))
         self.client = BanditClient(cfg.endpoints.bandit, min(cfg.endpoints.rpc_timeout_s, 1.0),
                                    channel_credentials_of(cfg)) \
             if cfg.behaviour.controlled else None
@@ -125,7 +125,7 @@ class BehaviourSource:
             log.error("bandit answered an invalid psi (%s); default psi for this episode", problem)
             FALLBACKS.inc()
             return self.default
-        return EpisodeBehaviour(b.episode_id, list(b.tau), list(b.omega), mixture)
+        return EpisodeBehaviour(b.episode_id, Psi(tuple(b.tau), tuple(b.omega)), mixture)
 
     def report(self, episode_id: str, episode_return: float) -> None:
         if not episode_id or not self._available():

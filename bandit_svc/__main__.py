@@ -10,6 +10,7 @@ import grpc
 from prometheus_client import Counter, Gauge
 
 from bandit_svc.state import BanditState, UnknownEpisode
+from lbc.behaviour import Psi
 from lbc.config import Config
 from lbc.security import server_credentials_of
 from lbc.service import (
@@ -46,9 +47,8 @@ class BanditServicer(lbc_pb2_grpc.BanditServiceServicer):
         episode_id, choice = self.state.select(request.actor_id)
         for name, arm in zip(self.names, choice.arms, strict=True):
             SELECTIONS.labels(name, str(arm)).inc()
-        for i, (tau, omega) in enumerate(zip(choice.tau, choice.omega, strict=True)):
-            PSI.labels(f"tau_{i + 1}").set(tau)
-            PSI.labels(f"omega_{i + 1}").set(omega)
+        for name, value in Psi(choice.tau, choice.omega).named(self.state.cfg.behaviour.family).items():
+            PSI.labels(name).set(value)
         ACTORS.set(len(self.state.controllers))
         EVICTED.set(self.state.evicted)
         if choice.mixture is not None:

@@ -31,7 +31,7 @@ import torch
 
 from lbc.acting import CoreInputs, forward
 from lbc.agents import Acting, family_of, make_acting
-from lbc.behaviour import EpisodeBehaviour, sample_actions
+from lbc.behaviour import EpisodeBehaviour, Psi, sample_actions
 from lbc.config import PRESETS, Config, load_config
 from lbc.envs import make_envs
 from lbc.nets import build_agent, policy_net
@@ -65,7 +65,7 @@ def _actor_parts(cfg: Config) -> tuple[np.ndarray, torch.nn.Module, Acting]:
     acting = make_acting(cfg, agent, cfg.env.num_envs)
     n = cfg.num_components
     for e in range(cfg.env.num_envs):
-        acting.begin_episode(e, EpisodeBehaviour("", [1.0] * n, [1.0 / n] * n))
+        acting.begin_episode(e, EpisodeBehaviour("", Psi.uniform(1.0, n)))
     return obs, policy_net(agent), acting
 
 

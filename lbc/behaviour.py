@@ -21,13 +21,42 @@ import torch
 ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
 
 
+# What psi's first slot holds, per behaviour family (GDI's two components: tau = 1/tau_1, 1/tau_2)
+PSI_FIRST_SLOT = {"boltzmann_mixture": "tau", "epsilon_greedy_mixture": "epsilon"}
+
+
+@dataclass(frozen=True)
+class Psi:
+    """One episode's behaviour parameters over the K mixture components: `first` is what the behaviour
+    family scales component k by (boltzmann_mixture: the inverse temperature tau_k, GDI's 1/tau_1 and
+    1/tau_2; epsilon_greedy_mixture: epsilon_k), `omega` the components' weights (GDI: eps, 1 - eps).
+    The bandit's reply carries them as its `tau` and `omega` fields; every step records them packed."""
+
+    first: tuple[float, ...]
+    omega: tuple[float, ...]
+
+    @classmethod
+    def uniform(cls, first: float, components: int) -> Psi:
+        """The same first value for every component, equal weights: the behaviour without control."""
+        return cls((first,) * components, (1.0 / components,) * components)
+
+    def packed(self) -> np.ndarray:
+        """The float32 [2K] row recorded with every step (join_psi's layout)."""
+        return join_psi(self.first, self.omega)
+
+    def named(self, family: str) -> dict[str, float]:
+        """{"tau_1": ..., "omega_1": ...} (or epsilon_k) for metrics and logs."""
+        first = PSI_FIRST_SLOT[family]
+        return {**{f"{first}_{k + 1}": v for k, v in enumerate(self.first)},
+                **{f"omega_{k + 1}": v for k, v in enumerate(self.omega)}}
+
+
 @dataclass
 class EpisodeBehaviour:
     """What an episode is played with, as the meta-controller (bandit_svc) or the local default chose it."""
 
     episode_id: str          # "" when chosen locally (bandit unreachable or no control)
-    tau: list[float]         # psi's first slot (see join_psi)
-    omega: list[float]       # psi's mixture weights
+    psi: Psi
     mixture: int | None = None   # NGU's j chosen by Agent57's meta-controller; None: the environment's own
 
 

@@ -122,8 +122,8 @@ def build() -> dict:
                 f'sum by (arm) (increase(lbc_bandit_selections_total{{{SEL}, dimension=~"$dimension"}}{rate}))',
                 "{{arm}}", fmt="heatmap"))
         )
-        .with_panel(_series("tau chosen (inverse temperature)", "none",
-                            _query(f'lbc_bandit_psi{{{SEL}, dimension=~"tau_.*"}}', "{{dimension}}")))
+        .with_panel(_series("tau chosen (inverse temperature; epsilon for the epsilon-greedy family)", "none",
+                            _query(f'lbc_bandit_psi{{{SEL}, dimension=~"tau_.*|epsilon_.*"}}', "{{dimension}}")))
         .with_panel(_series("omega chosen (mixture weight)", "none",
                             _query(f'lbc_bandit_psi{{{SEL}, dimension=~"omega_.*"}}', "{{dimension}}")))
         .with_row(db.Row("Resources"))

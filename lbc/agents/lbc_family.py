@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from lbc.agents.protocols import LossOutput
-from lbc.behaviour import EpisodeBehaviour, behaviour_probs, join_psi, log_boltzmann_mixture, psi_width, split_psi
+from lbc.behaviour import EpisodeBehaviour, behaviour_probs, log_boltzmann_mixture, psi_width, split_psi
 from lbc.config import Config
 from lbc.losses import LossScales, lbc_policy_loss, sequence_priorities
 from lbc.nets import LBCNet, NetOutput
@@ -32,7 +32,7 @@ class LbcActing:
         self.tau, self.omega = split_psi(torch.from_numpy(self.psi), cfg.num_components)
 
     def begin_episode(self, env: int, chosen: EpisodeBehaviour) -> None:
-        self.psi[env] = join_psi(chosen.tau, chosen.omega)
+        self.psi[env] = chosen.psi.packed()
 
     def for_evaluation(self) -> None:
         pass   # the evaluation policy is lbc.acting.evaluation_probs, from the heads alone

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from lbc.agents.protocols import LossOutput
-from lbc.behaviour import EpisodeBehaviour, epsilon_greedy, join_psi, psi_width
+from lbc.behaviour import EpisodeBehaviour, epsilon_greedy, psi_width
 from lbc.config import Config
 from lbc.devices import to_device
 from lbc.losses import ngu_q_loss, sequence_priorities
@@ -43,7 +43,7 @@ class NguActing:
 
     def begin_episode(self, env: int, chosen: EpisodeBehaviour) -> None:
         """The j of the environment's next episode: the meta-controller's choice, else its own."""
-        self.psi[env] = join_psi(chosen.tau, chosen.omega)
+        self.psi[env] = chosen.psi.packed()
         self.mixture[env] = self.own_mixture[env] if chosen.mixture is None else chosen.mixture
 
     def for_evaluation(self) -> None:

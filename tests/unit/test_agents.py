@@ -9,7 +9,7 @@ from lbc.acting import evaluation_policy
 from lbc.agents import LbcActing, NguActing, family_of, make_acting, make_loss
 from lbc.agents.lbc_family import LbcLoss
 from lbc.agents.ngu import NguLoss
-from lbc.behaviour import EpisodeBehaviour, boltzmann_mixture, epsilon_greedy_mixture
+from lbc.behaviour import EpisodeBehaviour, Psi, boltzmann_mixture, epsilon_greedy_mixture
 from lbc.config import PRESETS, load_config
 from lbc.family import family_traits
 from lbc.nets import NetOutput, build_agent, policy_net
@@ -60,21 +60,23 @@ def test_lbc_acting_plays_each_environments_episode_psi(family):
     acting = make_acting(cfg, _agent(cfg), 2)
     k = cfg.num_components
     rng = np.random.default_rng(0)
-    choices = [EpisodeBehaviour("", list(rng.uniform(0, 1, k)), list(rng.dirichlet(np.ones(k)))) for _ in range(3)]
+    choices = [EpisodeBehaviour("", Psi(tuple(rng.uniform(0, 1, k)), tuple(rng.dirichlet(np.ones(k)))))
+               for _ in range(3)]
     acting.begin_episode(0, choices[0])
     acting.begin_episode(1, choices[1])
     adv = torch.from_numpy(rng.normal(size=(2, cfg.num_policies, 3)).astype(np.float32))
     mix = boltzmann_mixture if family == "boltzmann_mixture" else epsilon_greedy_mixture
 
     def expected(env, chosen):
-        return mix(adv[env][cfg.components], torch.tensor(chosen.tau).float(), torch.tensor(chosen.omega).float())
+        return mix(adv[env][cfg.components], torch.tensor(chosen.psi.first).float(),
+                   torch.tensor(chosen.psi.omega).float())
 
     probs = acting.behaviour(_output(adv))
     assert torch.allclose(probs[0], expected(0, choices[0]), atol=1e-6)
     assert torch.allclose(probs[1], expected(1, choices[1]), atol=1e-6)
     acting.begin_episode(1, choices[2])
     assert torch.allclose(acting.behaviour(_output(adv))[1], expected(1, choices[2]), atol=1e-6)
-    assert np.allclose(acting.psi[1], [*choices[2].tau, *choices[2].omega])
+    assert np.allclose(acting.psi[1], [*choices[2].psi.first, *choices[2].psi.omega])
     assert acting.observe(np.zeros((2, 1, 5, 5), np.uint8), np.ones(2, bool)) == {}
     assert acting.extra_inputs({}) is None and not acting.exploits(0)
 
@@ -84,11 +86,11 @@ def test_ngu_acting_plays_its_member_or_the_chosen_one_and_evaluates_with_j_0():
     acting = make_acting(cfg, _agent(cfg), 4, actor_index=0)
     own = acting.own_mixture.copy()
     n = cfg.num_components
-    default = EpisodeBehaviour("", [1.0] * n, [1.0 / n] * n)
+    default = EpisodeBehaviour("", Psi.uniform(1.0, n))
     for e in range(4):
         acting.begin_episode(e, default)
     assert np.array_equal(acting.mixture, own)
-    acting.begin_episode(2, EpisodeBehaviour("x", [1.0] * n, [1.0 / n] * n, mixture=3))
+    acting.begin_episode(2, EpisodeBehaviour("x", Psi.uniform(1.0, n), mixture=3))
     assert acting.mixture[2] == 3 and not acting.exploits(2)
     fields = acting.observe(np.zeros((4, 1, cfg.env.catch_rows, cfg.env.catch_columns), np.uint8), np.ones(4, bool))
     assert fields["mixture"].tolist() == [*own[:2], 3, own[3]]

@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from lbc.behaviour import boltzmann_mixture, epsilon_greedy_mixture, log_boltzmann_mixture, sample_actions
+from lbc.behaviour import (
+    Psi,
+    boltzmann_mixture,
+    epsilon_greedy_mixture,
+    log_boltzmann_mixture,
+    psi_problem,
+    sample_actions,
+    split_psi,
+)
 from lbc.rewards import REWARD_SHAPING, quarter_root, rs1, rs2, rs3
 
 
@@ -150,3 +158,14 @@ def test_psi_is_joined_and_split_in_one_place():
     batch = torch.from_numpy(np.stack([psi, psi[::-1].copy()]))[None]   # [1, 2, 6], as the learner holds it
     t, w = split_psi(batch, 3)
     assert t.shape == w.shape == (1, 2, 3) and float(w[0, 1, 0]) == 9.0
+
+
+def test_psi_names_its_slots_per_family_and_packs_as_join_psi():
+    psi = Psi((2.0, 0.5), (0.25, 0.75))
+    assert psi.named("boltzmann_mixture") == {"tau_1": 2.0, "tau_2": 0.5, "omega_1": 0.25, "omega_2": 0.75}
+    assert list(psi.named("epsilon_greedy_mixture")) == ["epsilon_1", "epsilon_2", "omega_1", "omega_2"]
+    packed = psi.packed()
+    assert packed.dtype == np.float32 and packed.tolist() == [2.0, 0.5, 0.25, 0.75]
+    assert [tuple(x) for x in split_psi(packed, 2)] == [psi.first, psi.omega]
+    assert Psi.uniform(1.0, 4) == Psi((1.0,) * 4, (0.25,) * 4)
+    assert psi_problem(np.array(Psi.uniform(1.0, 3).first), np.array(Psi.uniform(1.0, 3).omega), 10.0) == ""
