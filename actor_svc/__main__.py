@@ -16,7 +16,7 @@ from prometheus_client import Counter, Gauge
 from actor_svc import evaluator
 from actor_svc.peers import BehaviourSource, ParamPuller, SequenceSender
 from actor_svc.sequencer import SequenceBuilder
-from lbc.acting import CoreInputs, forward
+from lbc.acting import CoreInputs, cut_episode_values, forward
 from lbc.agents import make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import Config
@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         ENV_SECONDS.inc(t2 - t1)
         # what the learner sees as an episode end: the game's, or also a life loss (env.episodic_life)
         boundary = result.done | result.life_lost if cfg.env.episodic_life else result.done
-        builder.act(action_np, result.reward, boundary, mu.numpy(), acting.psi)
+        cut_values = cut_episode_values(net, result, action_np, out.state, acting.extra_inputs(fields))
+        builder.act(action_np, result.reward, boundary, mu.numpy(), acting.psi, result.truncated, cut_values)
 
         ep_return += result.reward
         for e in np.flatnonzero(result.done):

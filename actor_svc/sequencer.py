@@ -18,7 +18,7 @@ import numpy as np
 from lbc.codec import Layout
 
 CORE_OBSERVATION_FIELDS = ("obs", "prev_action", "prev_reward", "reset")
-STEP_FIELDS = ("action", "reward", "done", "behaviour_prob", "psi")
+STEP_FIELDS = ("action", "reward", "done", "truncated", "bootstrap", "behaviour_prob", "psi")
 STATE_FIELDS = {"h0": "h", "c0": "c"}   # the state before obs[0], from the state recorded per observation
 
 
@@ -66,8 +66,12 @@ class SequenceBuilder:
         return done
 
     def act(self, action: np.ndarray, reward: np.ndarray, done: np.ndarray, behaviour_prob: np.ndarray,
-            psi: np.ndarray) -> None:
-        values = {"action": action, "reward": reward, "done": done, "behaviour_prob": behaviour_prob, "psi": psi}
+            psi: np.ndarray, truncated: np.ndarray | None = None, bootstrap: np.ndarray | None = None) -> None:
+        """Record a_t and what followed it; `truncated` and `bootstrap` (the frame cap's cut and the cut
+        episode's last values, lbc.sequences.sequence_fields) are none and 0 when not given."""
+        values = {"action": action, "reward": reward, "done": done, "behaviour_prob": behaviour_prob, "psi": psi,
+                  "truncated": False if truncated is None else truncated, "bootstrap": 0.0 if bootstrap is None
+                  else bootstrap}
         for name, arr in self.acted.items():
             arr[:, self.t] = values[name]
         self.t += 1

@@ -17,6 +17,7 @@ import torch
 from lbc.behaviour import boltzmann_mixture, epsilon_greedy
 from lbc.config import Config
 from lbc.devices import to_device
+from lbc.envs import StepResult
 from lbc.family import family_traits
 from lbc.nets import LBCNet, NetOutput
 
@@ -56,6 +57,23 @@ def forward(net: LBCNet, obs: np.ndarray, inputs: CoreInputs, extra: torch.Tenso
     if device.type == "cpu":
         return out
     return NetOutput(adv=out.adv.cpu(), value=out.value.cpu(), state=out.state)
+
+
+@torch.no_grad()
+def cut_episode_values(net: LBCNet, result: StepResult, actions: np.ndarray, state: tuple[torch.Tensor, torch.Tensor],
+                       extra: torch.Tensor | None = None) -> np.ndarray:
+    """[E, N] float32: each policy's V of the last observation of the episodes the frame cap cut in this
+    step (result.truncated), 0 elsewhere: the learner bootstraps those steps from it (lbc.losses.vtrace).
+    The network reads that observation as the step after x_t would have been read: after action a_t and
+    reward r_t, from the state after x_t."""
+    values = np.zeros((len(actions), net.num_policies), np.float32)
+    if result.final_obs is None or not result.truncated.any():
+        return values
+    inputs = CoreInputs(actions.astype(np.int64), result.reward.astype(np.float32), np.zeros(len(actions), bool),
+                        state)
+    out = forward(net, result.final_obs, inputs, extra)
+    values[result.truncated] = out.value[0].numpy()[result.truncated]
+    return values
 
 
 def evaluation_policy(cfg: Config) -> str:

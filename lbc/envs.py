@@ -51,6 +51,9 @@ class StepResult:
     done: np.ndarray        # [E] bool, episode ended (terminal or frame cap)
     truncated: np.ndarray   # [E] bool, ended by the frame cap
     life_lost: np.ndarray   # [E] bool, a life was lost and the game goes on (always False without lives)
+    # [E, *obs_shape]: where `truncated`, the cut episode's last observation (obs holds the next episode's
+    # first); None when no episode was cut in this step. The learner bootstraps from its value.
+    final_obs: np.ndarray | None = None
 
 
 class AtariEnvs:
@@ -87,7 +90,9 @@ class AtariEnvs:
         done = term | trunc
         life_lost = (info["lives"] < self._lives) & ~done
         self._lives = info["lives"]
-        return StepResult(obs, reward.astype(np.float32), done, trunc, life_lost)
+        cut = trunc & ~term
+        return StepResult(obs, reward.astype(np.float32), done, cut, life_lost,
+                          info["final_obs"] if cut.any() else None)
 
     def close(self) -> None:
         self._env.close()
@@ -190,9 +195,13 @@ class GymnasiumEnvs:
     def step(self, actions: np.ndarray) -> StepResult:
         if actions.shape != (self.num_envs,) or actions.min() < 0 or actions.max() >= self.spec.num_actions:
             raise ValueError(f"actions out of range [0, {self.spec.num_actions}): {actions}")
-        obs, reward, term, trunc, _ = self._env.step(actions.astype(np.int64))
+        obs, reward, term, trunc, info = self._env.step(actions.astype(np.int64))
         done = term | trunc
-        return StepResult(self._obs(obs), reward.astype(np.float32), done, trunc & ~term, np.zeros_like(done))
+        cut = trunc & ~term
+        final = None
+        if cut.any():   # gymnasium gives the last observation of every ended episode, None elsewhere
+            final = self._obs(np.stack([info["final_obs"][e] if cut[e] else obs[e] for e in range(self.num_envs)]))
+        return StepResult(self._obs(obs), reward.astype(np.float32), done, cut, np.zeros_like(done), final)
 
     def close(self) -> None:
         self._env.close()
@@ -238,17 +247,20 @@ class MinAtarEnvs:
         reward = np.zeros(self.num_envs, np.float32)
         done = np.zeros(self.num_envs, bool)
         truncated = np.zeros(self.num_envs, bool)
-        obs = []
+        obs, final = [], None
         for e, game in enumerate(self._games):
             r, terminal = game.act(int(actions[e]))
             self._steps[e] += 1
             reward[e], done[e] = r, terminal or self._steps[e] >= self._cap
             truncated[e] = done[e] and not terminal
+            if truncated[e]:
+                final = np.zeros((self.num_envs, *self.spec.obs_shape), np.uint8) if final is None else final
+                final[e] = self._board(e)
             if done[e]:
                 game.reset()
                 self._steps[e] = 0
             obs.append(self._board(e))
-        return StepResult(np.stack(obs), reward, done, truncated, np.zeros(self.num_envs, bool))
+        return StepResult(np.stack(obs), reward, done, truncated, np.zeros(self.num_envs, bool), final)
 
     def close(self) -> None:
         pass

@@ -31,6 +31,8 @@ def vtrace(
     c_bar: float = 1.0,
     pg_rho_bar: float = 1.0,
     lam: float = 1.0,
+    truncated: torch.Tensor | None = None,
+    truncation_values: torch.Tensor | None = None,
 ) -> VTraceReturns:
     """V-trace targets, IMPALA eq. (1) in its recursive form (Remark 1):
 
@@ -40,21 +42,32 @@ def vtrace(
 
     values [T, B] are V(x_0..x_{T-1}); bootstrap_value [B] is V(x_T); log_rhos = log pi(a|x) - log mu(a|x).
     The policy-gradient advantage uses q_s = r_s + gamma_s v_{s+1} (sec. 4.2).
+
+    truncated [T, B] (bool, optional) marks steps after which the episode was cut by the frame cap: there
+    x_{s+1} is the next episode's start, so V(x_{s+1}) and v_{s+1} are replaced by truncation_values [T, B]
+    (the value of the cut episode's last state) and the trace stops; discounts stay gamma there (they are
+    0 only where the episode really ended). The result equals V-trace run on the two pieces apart.
     """
     rhos = torch.exp(log_rhos)
     clipped_rhos = torch.clamp(rhos, max=rho_bar)
     cs = lam * torch.clamp(rhos, max=c_bar)
     values_next = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    continuing = discounts
+    if truncated is not None:
+        values_next = torch.where(truncated, truncation_values, values_next)
+        continuing = torch.where(truncated, 0.0, discounts)
     deltas = clipped_rhos * (rewards + discounts * values_next - values)
 
     acc = torch.zeros_like(bootstrap_value)
     vs_minus_v = torch.empty_like(values)
     for t in reversed(range(values.shape[0])):
-        acc = deltas[t] + discounts[t] * cs[t] * acc
+        acc = deltas[t] + continuing[t] * cs[t] * acc
         vs_minus_v[t] = acc
     vs = vs_minus_v + values
 
     vs_next = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    if truncated is not None:
+        vs_next = torch.where(truncated, truncation_values, vs_next)
     pg_rhos = torch.clamp(rhos, max=pg_rho_bar)
     pg_advantages = pg_rhos * (rewards + discounts * vs_next - values)
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
@@ -67,6 +80,7 @@ def retrace_targets(
     rewards: torch.Tensor,
     discounts: torch.Tensor,
     traces: torch.Tensor,
+    truncated: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Retrace targets for Q(x_t, a_t) (Munos et al. 2016, DESIGN §5.1):
 
@@ -75,13 +89,17 @@ def retrace_targets(
 
     q_taken [T, B] = Q(x_t, a_t); expected_q_next [T, B] = sum_a pi(a|x_{t+1}) Q(x_{t+1}, a), the
     last row at the bootstrap state x_T; traces [T, B] = c_t. The last step has no correction term
-    because a_T is not in the sequence.
+    because a_T is not in the sequence. truncated [T, B] (optional): the episode was cut by the frame cap
+    after step t, so the caller's expected_q_next[t] is the cut episode's last state's and no correction
+    crosses into the next episode.
     """
     steps = q_taken.shape[0]
     targets = torch.empty_like(q_taken)
     targets[-1] = rewards[-1] + discounts[-1] * expected_q_next[-1]
     for t in reversed(range(steps - 1)):
         correction = traces[t + 1] * (targets[t + 1] - q_taken[t + 1])
+        if truncated is not None:
+            correction = torch.where(truncated[t], 0.0, correction)
         targets[t] = rewards[t] + discounts[t] * (expected_q_next[t] + correction)
     return targets
 
@@ -199,6 +217,8 @@ def lbc_policy_loss(
     weights: torch.Tensor | None = None,
     centre_q: bool = False,
     standardise_advantages: bool = False,
+    truncated: torch.Tensor | None = None,
+    truncation_values: torch.Tensor | None = None,
 ) -> PolicyLoss:
     """Losses of LBC's policies (App. F, Algorithm 2) over one learning window.
 
@@ -218,6 +238,10 @@ def lbc_policy_loss(
     step at every tau (docs/decisions.md 18).
     standardise_advantages: the policy gradient uses standardise(rho_s (r_s + gamma v_{s+1} - V(x_s))), so
     its size does not depend on how sparse and small the rewards are (docs/decisions.md 35).
+    truncated [T, B, ...] and truncation_values [T, B, ...] (optional, see vtrace): steps cut by the frame
+    cap bootstrap V-trace from V_i of the cut episode's last state, and Retrace from the same value (exact
+    for E_pi Q with centre_q; without it E_pi Q = V + E_pi A, of which the actor knows only V); there
+    discounts are gamma_i, not 0.
     """
     log_pi_fixed = log_pi.detach()
     pi = log_pi_fixed.exp()
@@ -225,7 +249,8 @@ def lbc_policy_loss(
     log_rhos = log_pi_taken - torch.log(behaviour_prob.clamp_min(1e-8))
 
     vt = vtrace(value[:-1].detach(), value[-1].detach(), rewards, discounts, log_rhos,
-                rho_bar=scales.rho_bar, c_bar=scales.c_bar, pg_rho_bar=scales.rho_bar, lam=scales.lam)
+                rho_bar=scales.rho_bar, c_bar=scales.c_bar, pg_rho_bar=scales.rho_bar, lam=scales.lam,
+                truncated=truncated, truncation_values=truncation_values)
     v_loss = 0.5 * (vt.vs - value[:-1]).pow(2)
 
     if centre_q:
@@ -234,8 +259,10 @@ def lbc_policy_loss(
     q_detached = q.detach()
     q_taken = q[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
     expected_next = (pi[1:] * q_detached[1:]).sum(-1)           # E_pi Q(x_{t+1}, .)
+    if truncated is not None:
+        expected_next = torch.where(truncated, truncation_values, expected_next)
     traces = scales.lam * torch.clamp(log_rhos.exp(), max=scales.c_bar)
-    q_targets = retrace_targets(q_taken.detach(), expected_next, rewards, discounts, traces)
+    q_targets = retrace_targets(q_taken.detach(), expected_next, rewards, discounts, traces, truncated)
     q_loss = 0.5 * (q_targets - q_taken).pow(2)
 
     log_pi_action = log_pi[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)

@@ -2,7 +2,8 @@
 
 A sequence covers L = burn_in + length steps and L + 1 observations (the last one bootstraps).
 Arrays indexed by observation (length L + 1): obs, prev_action, prev_reward, reset.
-Arrays indexed by step (length L): action, reward (raw), done, behaviour_prob (mu(a_t|x_t)), psi.
+Arrays indexed by step (length L): action, reward (raw), done, truncated (the frame cap cut the episode),
+bootstrap (each policy's value of the cut episode's last observation), behaviour_prob (mu(a_t|x_t)), psi.
 h0, c0: the LSTM state before obs[0]. Consecutive sequences of one environment overlap by burn_in.
 NGU adds, per observation: mixture (j) and prev_intrinsic (r^i of arriving at x_t, 0 at a reset).
 """
@@ -12,18 +13,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import torch
 
 from lbc.behaviour import psi_problem, psi_width, split_psi
 from lbc.codec import CodecError, Layout, check_layout
 from lbc.config import Config
 from lbc.envs import env_spec
 from lbc.family import family_traits
+from lbc.rewards import REWARD_SHAPING
 
 
 def sequence_fields(steps: int, obs_shape: tuple[int, ...], lstm: int, psi_dim: int,
-                    extras: Mapping[str, str] | None = None, obs_dtype: str = "uint8") -> Layout:
+                    extras: Mapping[str, str] | None = None, obs_dtype: str = "uint8", policies: int = 1) -> Layout:
     """The one definition of a sequence's fields: name -> (dtype, shape), for `steps` steps. The actor's
-    SequenceBuilder is laid out from it, replay and the learner check against it."""
+    SequenceBuilder is laid out from it, replay and the learner check against it. `truncated` marks steps
+    after which the frame cap cut the episode (a subset of `done`), `bootstrap` holds each policy's value of
+    the cut episode's last observation there (0 elsewhere), as the actor computed it."""
     return {
         "obs": (obs_dtype, (steps + 1, *obs_shape)),
         "prev_action": ("int32", (steps + 1,)),
@@ -32,6 +37,8 @@ def sequence_fields(steps: int, obs_shape: tuple[int, ...], lstm: int, psi_dim: 
         "action": ("int32", (steps,)),
         "reward": ("float32", (steps,)),
         "done": ("bool", (steps,)),
+        "truncated": ("bool", (steps,)),
+        "bootstrap": ("float32", (steps, policies)),
         "behaviour_prob": ("float32", (steps,)),
         "psi": ("float32", (steps, psi_dim)),
         "h0": ("float32", (lstm,)),
@@ -44,7 +51,7 @@ def sequence_layout(cfg: Config) -> Layout:
     """The sequence layout of a configuration."""
     spec = env_spec(cfg.env)
     return sequence_fields(cfg.sequence.total, spec.obs_shape, cfg.net.lstm, psi_width(cfg.num_components),
-                           family_traits(cfg).fields, spec.obs_dtype)
+                           family_traits(cfg).fields, spec.obs_dtype, cfg.num_policies)
 
 
 def batch_layout(cfg: Config) -> Layout:
@@ -62,6 +69,7 @@ def validate_sequence(arrays: Mapping[str, np.ndarray], cfg: Config) -> None:
     - actions and previous actions in the action set; behaviour probabilities in (0, 1];
     - rewards within env.max_abs_reward;
     - psi: tau in [0, tau_max], omega in [0, 1] summing to 1 (lbc.behaviour.psi_problem);
+    - truncated only where done; bootstrap values within value_bound(cfg);
     - h0 in [-1, 1] (h = sigmoid(o) tanh(.)); |c0| at most one per step of an episode (|c_t| <=
       |c_{t-1}| + 1), so at most env.max_episode_frames.
     """
@@ -94,6 +102,11 @@ def _check_values(arrays: Mapping[str, np.ndarray], cfg: Config) -> None:
     problem = psi_problem(*split_psi(arrays["psi"], cfg.num_components), cfg.tau_max)
     if problem:
         raise CodecError(f"psi: {problem}", "value")
+    if np.any(arrays["truncated"] & ~arrays["done"]):
+        raise CodecError("truncated where the episode did not end (done)", "value")
+    bound = value_bound(cfg)
+    if not np.all(np.abs(arrays["bootstrap"]) <= bound):
+        raise CodecError(f"bootstrap not finite or beyond {bound:g}, the largest value any policy can have", "value")
     if not np.all(np.abs(arrays["h0"]) <= 1.0 + 1e-5):
         raise CodecError("h0 outside [-1, 1], which no LSTM produces", "value")
     if not np.all(np.abs(arrays["c0"]) <= cfg.env.max_episode_frames):
@@ -101,6 +114,13 @@ def _check_values(arrays: Mapping[str, np.ndarray], cfg: Config) -> None:
     problem = family_traits(cfg).check_fields(arrays, cfg)
     if problem:
         raise CodecError(problem, "value")
+
+
+def value_bound(cfg: Config) -> float:
+    """The largest |V_i| any policy can have: its shaped reward at env.max_abs_reward, every step, forever:
+    max_i max |RS_i(+-max_abs_reward)| / (1 - gamma_i)."""
+    largest = torch.tensor([cfg.env.max_abs_reward, -cfg.env.max_abs_reward], dtype=torch.float64)
+    return max(float(REWARD_SHAPING[p.reward_shaping](largest).abs().max()) / (1.0 - p.gamma) for p in cfg.policies)
 
 
 def stack(sequences: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -94,14 +94,17 @@ class LbcLoss:
         # all N policies in one loss call: the policy axis is a trailing batch axis
         actions = b["action"][burn:].long()
         per_policy_steps = (*actions.shape, self.cfg.num_policies)
-        not_done = 1.0 - b["done"][burn:].float()
+        # an episode cut by the frame cap is not over: gamma there, and the value of its last state
+        truncated = b["truncated"][burn:]
+        not_terminal = 1.0 - (b["done"][burn:] & ~truncated).float()
         log_pi, pg_scale = self.target_log_policy(out.adv, b["psi"][burn:])
         loss = lbc_policy_loss(
             out.adv, out.value, log_pi, actions.unsqueeze(-1).expand(per_policy_steps),
             b["behaviour_prob"][burn:].unsqueeze(-1).expand(per_policy_steps),
             torch.stack([shape(b["reward"][burn:]) for shape in self.shaping], dim=-1),
-            not_done.unsqueeze(-1) * self.gammas, self.scales, pg_scale=pg_scale, weights=b.get("weight"),
-            centre_q=lc.centre_q, standardise_advantages=lc.standardise_advantages)
+            not_terminal.unsqueeze(-1) * self.gammas, self.scales, pg_scale=pg_scale, weights=b.get("weight"),
+            centre_q=lc.centre_q, standardise_advantages=lc.standardise_advantages,
+            truncated=truncated.unsqueeze(-1).expand(per_policy_steps), truncation_values=b["bootstrap"][burn:])
         terms = torch.stack([loss.v, loss.q, loss.pi, loss.entropy], dim=-1).detach()
         priorities = sequence_priorities(loss.abs_td, self.cfg.replay.priority_eta).max(-1).values
         return LossOutput(loss.total, terms, priorities)

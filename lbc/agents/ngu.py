@@ -74,6 +74,9 @@ class NguActing:
 
 
 class NguLoss:
+    """NGU's learner loss. It ends every episode at `done`, the frame cap's cuts included (decision 7): its
+    transformed Retrace bootstraps from the target network's Q, which the actor's recorded V does not give."""
+
     TERMS = ("q", "inverse_dynamics", "rnd")
 
     def __init__(self, cfg: Config, model: LBCNet, aux: NguAux, device: torch.device) -> None:

@@ -18,6 +18,7 @@ def _sequence(cfg, rng):
     for name, (dtype, shape) in sequence_layout(cfg).items():
         seq[name] = rng.integers(0, 2, shape).astype(dtype) if dtype != "float32" else rng.random(shape, np.float32)
     seq["behaviour_prob"] = np.full_like(seq["behaviour_prob"], 0.5)
+    seq["truncated"] &= seq["done"]   # a cut is an episode end
     k = cfg.num_components
     seq["psi"][:, k:] = 1.0 / k
     return seq

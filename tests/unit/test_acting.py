@@ -67,3 +67,53 @@ def test_evaluation_protocol_options():
     assert eval_env_config(cfg).repeat_action_probability == 0.0
     sticky = eval_env_config(load_config("cpu", ["eval.sticky_actions=true"]))
     assert sticky.repeat_action_probability == 0.25 and sticky.noop_max == 30 and sticky.max_episode_frames == 108_000
+
+
+def _gymnasium_with_a_short_limit() -> str:
+    import gymnasium as gym
+
+    env_id = "lbc-test/CartPole3-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv", max_episode_steps=3)
+    return env_id
+
+
+@pytest.mark.parametrize("preset, overrides", [
+    ("cpu", ["env.game=pong", "env.max_episode_frames=400", "env.num_envs=2"]),      # ALE: 100 steps of 4 frames
+    ("minatar", ["env.game=freeway", "env.max_episode_frames=25", "env.num_envs=2"]),  # the chicken never dies
+    ("cpu", ["env.kind=gymnasium", "env.num_envs=2", "net.torso=mlp"]),              # gymnasium's own limit: 3
+])
+def test_an_episode_cut_by_the_cap_brings_its_last_observation_and_its_value(preset, overrides):
+    """Each environment kind hands over the cut episode's last observation where the frame cap ended it (obs
+    already holds the next episode's first), and cut_episode_values gives V of exactly that observation,
+    read after a_t and r_t from the state after x_t, on the cut rows only."""
+    from lbc.acting import cut_episode_values, forward
+    from lbc.envs import make_envs
+    from lbc.nets import build_net
+
+    if "env.kind=gymnasium" in overrides:
+        overrides = [*overrides, f"env.id={_gymnasium_with_a_short_limit()}"]
+    cfg = load_config(preset, overrides)
+    envs = make_envs(cfg.env, 2, seed=0)
+    net = build_net(cfg, envs.spec.obs_shape, envs.spec.num_actions).eval()
+    obs, inputs = envs.reset(), CoreInputs.start(net, 2)
+    for _ in range(200):
+        out = forward(net, obs, inputs)
+        actions = np.zeros(2, np.int64)
+        result = envs.step(actions)
+        if result.truncated.any():
+            break
+        assert result.final_obs is None
+        obs = result.obs
+        inputs.advance(actions, result.reward, result.done, out.state)
+    envs.close()
+    assert result.truncated.all() and result.done.all() and result.final_obs is not None
+    assert result.final_obs.shape == result.obs.shape and result.final_obs.dtype == result.obs.dtype
+    assert not np.array_equal(result.final_obs, result.obs)   # not the next episode's start
+    values = cut_episode_values(net, result, actions, out.state)
+    after = CoreInputs(actions, result.reward, np.zeros(2, bool), out.state)
+    expected = forward(net, result.final_obs, after).value[0].numpy()
+    np.testing.assert_allclose(values, expected, rtol=1e-6)
+    partly = type(result)(result.obs, result.reward, result.done, np.array([True, False]), result.life_lost,
+                          result.final_obs)
+    assert cut_episode_values(net, partly, actions, out.state)[1].tolist() == [0.0] * cfg.num_policies

@@ -129,6 +129,9 @@ def _with(seq, name, value):
     ("prev_reward", -1e20, "prev_reward not finite"),
     ("psi", 1e9, "tau outside"),
     ("psi", -0.5, "tau outside"),
+    ("bootstrap", 1e7, "bootstrap not finite or beyond 6.6"),   # cpu: rs1(1e6) / (1 - 0.997)
+    ("bootstrap", np.inf, "bootstrap not finite"),
+    ("done", False, "truncated where the episode did not end"),   # every step is marked truncated here
 ])
 def test_finite_but_absurd_values_are_refused(name, value, says):
     """Issue 12's poisoned sequences: each is finite, and each one would have broken the learner."""

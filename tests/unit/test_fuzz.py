@@ -55,7 +55,7 @@ def _valid_sequence(rng: np.random.Generator) -> dict[str, np.ndarray]:
     return seq
 
 
-FIELDS = ["reward", "prev_reward", "h0", "c0", "psi", "behaviour_prob", "action", "prev_action"]
+FIELDS = ["reward", "prev_reward", "h0", "c0", "psi", "behaviour_prob", "action", "prev_action", "bootstrap"]
 values = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32), st.integers(-2**31, 2**31 - 1),
                    st.sampled_from([3e38, 1e20, -1e20, 1e6, 1.0, -1.0, 0.0, 99.0]))
 

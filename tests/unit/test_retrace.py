@@ -57,3 +57,19 @@ def test_retrace_zero_traces_is_expected_sarsa():
     g = torch.full((4, 2), 0.9, dtype=torch.float64)
     got = retrace_targets(q, e, r, g, torch.zeros(4, 2, dtype=torch.float64))
     torch.testing.assert_close(got, r + g * e)
+
+
+def test_a_truncated_step_bootstraps_from_the_cut_episode_and_stops_the_trace():
+    """Truncated after step 0: G_0 = r_0 + g * V_last (the caller's expected_q_next[0]), no correction from
+    step 1, which starts the next episode; G_1 is untouched. By hand: G_1 = 2 + 0.9 * 10 = 11,
+    G_0 = 1 + 0.9 * 4 = 4.6 (untruncated it would be 1 + 0.9 * (4 + 1 * (11 - 3)) = 11.8)."""
+    q_taken = torch.tensor([[5.0], [3.0]], dtype=torch.float64)
+    expected_next = torch.tensor([[4.0], [10.0]], dtype=torch.float64)
+    rewards = torch.tensor([[1.0], [2.0]], dtype=torch.float64)
+    discounts = torch.full((2, 1), 0.9, dtype=torch.float64)
+    traces = torch.ones(2, 1, dtype=torch.float64)
+    truncated = torch.tensor([[True], [False]])
+    got = retrace_targets(q_taken, expected_next, rewards, discounts, traces, truncated)
+    np.testing.assert_allclose(got.numpy().ravel(), [4.6, 11.0])
+    plain = retrace_targets(q_taken, expected_next, rewards, discounts, traces)
+    np.testing.assert_allclose(plain.numpy().ravel(), [11.8, 11.0])

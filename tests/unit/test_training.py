@@ -208,3 +208,23 @@ def test_checkpoint_writes_are_whole_and_leftovers_of_a_killed_write_are_removed
     assert checkpoint.latest(tmp_path) == path
     checkpoint.record_version(tmp_path, 12)
     assert checkpoint.published_version(tmp_path) == 12
+
+
+def test_the_lbc_loss_bootstraps_cut_episodes_from_the_recorded_value():
+    """The learner reads `truncated` and `bootstrap`: where an episode really ended the recorded value is
+    ignored; where the frame cap cut it, the V-trace target moves with the value of the cut episode's end."""
+    cfg = load_config("catch", ["learner.warmup_steps=0"])
+    trainer = Trainer(cfg)
+    batch = _batch(cfg, np.random.default_rng(1))
+    k = cfg.sequence.burn_in + 3
+    batch["done"][:, k] = True
+
+    def v_term(truncated: bool, value: float) -> float:
+        b = {name: arr.copy() for name, arr in batch.items()}
+        b["truncated"][:, k] = truncated
+        b["bootstrap"][:, k] = value
+        with torch.no_grad():
+            return float(trainer._loss(b).terms[:, 0].sum())
+
+    assert v_term(False, 0.0) == v_term(False, 50.0)          # a real end: nothing to bootstrap
+    assert v_term(True, 50.0) > v_term(True, 0.0) + 1.0       # a cut: the target follows V(x_last)

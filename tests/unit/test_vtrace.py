@@ -98,3 +98,26 @@ def test_vtrace_zero_discount_stops_bootstrapping():
     out = vtrace(values, torch.tensor([100.0], dtype=torch.float64), torch.tensor([[1.0], [2.0]], dtype=torch.float64),
                  torch.tensor([[0.0], [0.0]], dtype=torch.float64), torch.zeros(2, 1, dtype=torch.float64))
     np.testing.assert_allclose(out.vs.numpy().ravel(), [1.0, 2.0])
+
+
+def test_a_truncated_step_splits_the_window_into_two_vtrace_problems():
+    """An episode cut by the frame cap after step k: V-trace over the whole window with (truncated,
+    truncation_values) equals the numpy reference run on steps 0..k bootstrapped from the cut episode's
+    last value and, apart, on steps k+1..T-1 with the window's own bootstrap; the discount at k stays gamma."""
+    rng = np.random.default_rng(5)
+    values, bootstrap, rewards, _, rhos = _random_inputs(rng, steps=8, batch=2)
+    discounts = np.full_like(values, 0.97)
+    k, last_value = 3, np.array([2.5, -1.0])
+    truncated = np.zeros(values.shape, bool)
+    truncated[k] = True
+    truncation_values = np.zeros_like(values)
+    truncation_values[k] = last_value
+    got = vtrace(*(torch.tensor(x) for x in (values, bootstrap, rewards, discounts, np.log(rhos))),
+                 rho_bar=1.05, c_bar=1.0, truncated=torch.tensor(truncated),
+                 truncation_values=torch.tensor(truncation_values))
+    head = vtrace_reference(values[: k + 1], last_value, rewards[: k + 1], discounts[: k + 1], rhos[: k + 1], 1.05, 1.0)
+    tail = vtrace_reference(values[k + 1:], bootstrap, rewards[k + 1:], discounts[k + 1:], rhos[k + 1:], 1.05, 1.0)
+    np.testing.assert_allclose(got.vs.numpy(), np.concatenate([head, tail]), rtol=1e-10)
+    # the policy-gradient target at k reads the cut episode's value, not the next episode's first v
+    expected_pg = np.minimum(1.0, rhos[k]) * (rewards[k] + 0.97 * last_value - values[k])   # pg_rho_bar 1
+    np.testing.assert_allclose(got.pg_advantages[k].numpy(), expected_pg, rtol=1e-10)
