@@ -17,6 +17,7 @@ from lbc.config import Config, LearnerConfig
 from lbc.devices import pick_device, to_device
 from lbc.envs import env_spec
 from lbc.nets import LBCNet, build_agent, policy_net
+from learner_svc.replicas import ReplicaGroup
 
 
 def schedule_factor(step: int, warmup: int, anneal: int) -> float:
@@ -59,8 +60,9 @@ def build_optimiser(model: torch.nn.Module, lc: LearnerConfig) -> torch.optim.Op
 class Trainer:
     """The model, the optimiser and the schedules around the configured family's loss (lbc.agents)."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, group: ReplicaGroup | None = None) -> None:
         self.cfg = cfg
+        self.group = group   # learner replicas that average gradients (learner_svc.replicas); None: alone
         spec = env_spec(cfg.env)
         torch.manual_seed(cfg.learner.seed)
         self.device = pick_device(cfg.learner.device, "learner.device")
@@ -77,6 +79,11 @@ class Trainer:
         # parallelism they need no barrier, so a core shared with an actor is not left waiting
         self.pool = ThreadPoolExecutor(lc.split_batch, thread_name_prefix="learner-part") \
             if lc.split_batch > 1 else None
+
+    @property
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """Every parameter the optimiser steps, in its order."""
+        return [p for group in self.optimiser.param_groups for p in group["params"]]
 
     @property
     def terms(self) -> tuple[str, ...]:
@@ -156,6 +163,11 @@ class Trainer:
 
         self.optimiser.zero_grad(set_to_none=True)
         loss, terms, priorities = self._split_backward(batch)
+        if self.group is not None:
+            finite = np.isfinite(loss) and all(bool(torch.isfinite(p.grad).all()) for p in self.parameters
+                                               if p.grad is not None)
+            if not self.group.average_gradients(self.parameters, finite):
+                loss = float("nan")   # a replica's batch was not finite: every replica skips this step
         grad_norm = self._clip_gradients()
         if not (np.isfinite(loss) and np.isfinite(grad_norm)):
             # one batch must not destroy the model: skip it whole (and leave the optimiser's moments alone)

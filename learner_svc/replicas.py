@@ -1,0 +1,60 @@
+"""Data parallelism across learner replicas (`learner.replicas`): every replica trains the same model on
+its own batches, and after each backward pass the group averages the gradients, so each optimiser step
+is the step one learner would take on the union of the batches. torch.distributed with gloo on CPUs and
+NCCL on GPUs; replica 0's parameters and optimiser state are the group's at the start.
+
+Only tensors cross between replicas (no pickled objects)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+class ReplicaGroup:
+    """This process's place in a group of `world` learner replicas, rendezvous at tcp://address:port."""
+
+    def __init__(self, rank: int, world: int, address: str, port: int, device: torch.device,
+                 timeout_s: float = 120.0) -> None:
+        if not 0 <= rank < world:
+            raise ValueError(f"replica rank {rank} outside [0, {world})")
+        self.rank, self.world, self.device = rank, world, device
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s))
+
+    @property
+    def leads(self) -> bool:
+        """Replica 0 publishes parameters and writes checkpoints."""
+        return self.rank == 0
+
+    def average_gradients(self, params: list[torch.nn.Parameter], finite: bool) -> bool:
+        """Replace every parameter's gradient by the group's mean (a missing gradient counts as zeros);
+        returns whether every replica's loss and gradient were finite (else all of them skip the step)."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.detach().flatten().to(torch.float32) for g in grads]
+                         + [torch.tensor([0.0 if finite else 1.0], device=self.device)])
+        dist.all_reduce(flat)
+        flat[:-1] /= self.world
+        offset = 0
+        for p, g in zip(params, grads, strict=True):
+            n = g.numel()
+            p.grad = flat[offset: offset + n].view_as(p).to(p.dtype).clone()
+            offset += n
+        return bool(flat[-1] == 0)
+
+    def share_state(self, module: torch.nn.Module, optimiser: torch.optim.Optimizer) -> None:
+        """Replica 0's parameters, buffers and optimiser state, in place on every replica."""
+        for tensor in module.state_dict().values():
+            dist.broadcast(tensor, src=0)
+        for group in optimiser.param_groups:
+            for p in group["params"]:
+                state = optimiser.state[p]
+                for key in sorted(state):
+                    if isinstance(state[key], torch.Tensor):
+                        dist.broadcast(state[key], src=0)
+
+    def close(self) -> None:
+        dist.destroy_process_group()

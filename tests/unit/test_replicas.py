@@ -1,0 +1,72 @@
+"""Learner replicas (learner_svc.replicas) in real processes over gloo: the group's averaged gradient is
+the one learner's gradient over the union of the replicas' batches, replica 0's state becomes everyone's,
+and a replica's non-finite batch makes every replica skip the step."""
+
+import multiprocessing as mp
+
+import numpy as np
+import torch
+
+from lbc.config import load_config
+from learner_svc.replicas import ReplicaGroup
+from learner_svc.training import Trainer
+from tests.support import free_port
+from tests.unit.test_training import _batch
+
+OVERRIDES = ["learner.warmup_steps=0", "learner.split_batch=1", "learner.batch_size=4"]
+
+
+def _flat(tensors) -> np.ndarray:
+    return torch.cat([t.detach().flatten() for t in tensors]).numpy()
+
+
+def _replica(rank: int, port: int, out: mp.Queue) -> None:
+    torch.set_num_threads(1)
+    cfg = load_config("catch", OVERRIDES)
+    group = ReplicaGroup(rank, 2, "127.0.0.1", port, torch.device("cpu"), timeout_s=60)
+    trainer = Trainer(cfg, group)
+    if rank == 1:   # a replica that starts apart is brought to replica 0's state
+        with torch.no_grad():
+            for p in trainer.agent.parameters():
+                p.add_(1.0)
+    group.share_state(trainer.agent, trainer.optimiser)
+    params = _flat(trainer.agent.parameters())
+    trainer.optimiser.zero_grad(set_to_none=True)
+    trainer._split_backward(_batch(cfg, np.random.default_rng(100 + rank)))
+    finite = group.average_gradients(trainer.parameters, True)
+    grads = _flat(p.grad for p in trainer.parameters)
+    poisoned = _batch(cfg, np.random.default_rng(7))
+    if rank == 1:
+        poisoned["reward"][:] = np.nan
+    skipped = trainer.train_step(poisoned).skipped
+    out.put((rank, params, grads, finite, skipped))
+    group.close()
+
+
+def test_the_groups_gradient_is_the_gradient_over_the_union_of_the_batches():
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_replica, args=(rank, port, out)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    results = dict((r[0], r[1:]) for r in (out.get(timeout=120) for _ in procs))
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+
+    cfg = load_config("catch", OVERRIDES)
+    halves = [_batch(cfg, np.random.default_rng(100 + rank)) for rank in range(2)]
+    union = {name: np.concatenate([h[name] for h in halves]) for name in halves[0]}
+    union_cfg = load_config("catch", [*OVERRIDES[:2], "learner.batch_size=8"])
+    alone = Trainer(union_cfg)
+    alone.optimiser.zero_grad(set_to_none=True)
+    alone._split_backward(union)
+    expected = _flat(p.grad for p in alone.parameters)
+
+    (params0, grads0, finite0, skipped0), (params1, grads1, finite1, skipped1) = results[0], results[1]
+    np.testing.assert_array_equal(params0, params1)                      # replica 0's state everywhere
+    np.testing.assert_array_equal(params0, _flat(alone.agent.parameters()))
+    np.testing.assert_array_equal(grads0, grads1)
+    np.testing.assert_allclose(grads0, expected, rtol=1e-4, atol=1e-6)   # the mean over both batches
+    assert finite0 and finite1 and skipped0 and skipped1                  # one poisoned batch: both skip
