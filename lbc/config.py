@@ -212,6 +212,9 @@ class LearnerConfig(_Section):
                                                   "intra-op thread each suits a CPU shared with actors)")
     prefetch: int = Field(2, ge=1)
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when a GPU is visible")
+    replicas: int = Field(1, ge=1, le=64, description="learner processes training one model, each on its own "
+                          "batches, gradients averaged every step (learner_svc.replicas); replica 0 publishes "
+                          "and checkpoints; they meet at endpoints.learner_group")
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: the network's matrix products and "
                                                "convolutions under bfloat16 autocast (losses and weights stay fp32)")
     seed: int = 0
@@ -291,6 +294,8 @@ class Endpoints(_Section):
     eval_metrics: int = 9104
     eval_health: str = "127.0.0.1:50054"
     actor_metrics_base: int = 9110
+    learner_group: str = Field("127.0.0.1:29500", description="where learner replicas meet (replica 0 listens)")
+    learner_replica_metrics_base: int = Field(9140, description="replica r > 0 serves its metrics at this + r")
     rpc_timeout_s: float = Field(5.0, gt=0.0)
     bind_host: str = Field("127.0.0.1", description="address every service listens on: loopback for a local "
                            "run; the Kubernetes ConfigMap sets 0.0.0.0 so probes and peers reach the pod")
@@ -301,8 +306,9 @@ def endpoint_port(endpoint: str) -> int:
     return int(endpoint.rsplit(":", 1)[1])
 
 
-# Ports from one base (the launcher's --port-base): fixed services at base..base+9, actor i's health and
-# metrics at base+100+i and base+200+i, so up to 100 actors never collide with a service.
+# Ports from one base (the launcher's --port-base): fixed services at base..base+10, learner replica r's
+# metrics at base+20+r, actor i's health and metrics at base+100+i and base+200+i, so up to 100 actors and
+# 64 learner replicas never collide with a service.
 PORT_BASE_SPAN = 300
 
 
@@ -324,6 +330,7 @@ def endpoints_from_base(base: int) -> list[str]:
             f"endpoints.replay_health={host}:{base + 4}", f"endpoints.eval_health={host}:{base + 5}",
             f"endpoints.learner_metrics={base + 6}", f"endpoints.replay_metrics={base + 7}",
             f"endpoints.bandit_metrics={base + 8}", f"endpoints.eval_metrics={base + 9}",
+            f"endpoints.learner_group={host}:{base + 10}", f"endpoints.learner_replica_metrics_base={base + 20}",
             f"endpoints.actor_health_base={base + 100}", f"endpoints.actor_metrics_base={base + 200}"]
 
 

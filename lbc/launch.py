@@ -219,6 +219,8 @@ def build_children(args: argparse.Namespace, overrides: list[str], run_dir: Path
         Child("replay", [py, "-m", "replay_svc", *common], logs / "replay.log"),
         Child("learner", [py, "-m", "learner_svc", *common], logs / "learner.log"),
     ]
+    children += [Child(f"learner-{r}", [py, "-m", "learner_svc", *common, "--rank", str(r)], logs / f"learner-{r}.log")
+                 for r in range(1, cfg.learner.replicas)]
     children += [Child(f"actor-{i}", [py, "-m", "actor_svc", *common, "--index", str(i), "--actor-id", f"actor-{i}"],
                        logs / f"actor-{i}.log") for i in range(args.actors)]
     if cfg.eval.enabled:

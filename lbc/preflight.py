@@ -47,6 +47,10 @@ def local_ports(cfg: Config, actors: int) -> dict[str, int]:
              for name in ("params", "bandit", "replay_ingest", "replay_serve", "replay_health")}
     ports |= {"endpoints.learner_metrics": e.learner_metrics, "endpoints.replay_metrics": e.replay_metrics,
               "endpoints.bandit_metrics": e.bandit_metrics}
+    if cfg.learner.replicas > 1:
+        ports["endpoints.learner_group"] = endpoint_port(e.learner_group)
+        for r in range(1, cfg.learner.replicas):
+            ports[f"endpoints.learner_replica_metrics_base (+{r}, learner-{r})"] = e.learner_replica_metrics_base + r
     for i in range(actors):
         ports[f"endpoints.actor_health_base (+{i}, actor-{i})"] = e.actor_health_base + i
         ports[f"endpoints.actor_metrics_base (+{i}, actor-{i})"] = e.actor_metrics_base + i

@@ -3,6 +3,10 @@ batches and hosts the ParameterService."""
 
 from __future__ import annotations
 
+import argparse
+import logging
+import os
+import threading
 import time
 from pathlib import Path
 
@@ -10,6 +14,7 @@ import torch
 from prometheus_client import Counter, Gauge
 
 from lbc.config import Config
+from lbc.devices import pick_device
 from lbc.files import remove_stale_temporaries
 from lbc.params import shapes, to_blob
 from lbc.security import server_credentials_of
@@ -27,6 +32,7 @@ from lbcproto import lbc_pb2_grpc
 from learner_svc import checkpoint
 from learner_svc.batches import BatchFetcher
 from learner_svc.param_server import ParameterServicer, ParameterStore
+from learner_svc.replicas import GroupBroken, ReplicaGroup
 from learner_svc.training import Trainer
 
 STEPS = Counter("lbc_learner_steps_total", "Learner optimiser steps")
@@ -48,13 +54,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = base_parser("learner_svc", __doc__)
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in run_dir")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: run until stopped)")
+    parser.add_argument("--rank", type=int, default=int(os.environ.get("LBC_LEARNER_RANK", "0")),
+                        help="this replica's number when learner.replicas > 1 (default $LBC_LEARNER_RANK or 0); "
+                             "replica 0 publishes parameters and writes checkpoints")
     args = parser.parse_args(argv)
     cfg: Config = config_from_args(args)
-    log = setup_logging("learner", args.log_level)
+    log = setup_logging("learner" if args.rank == 0 else f"learner-{args.rank}", args.log_level)
     stop = stop_event()
     torch.set_num_threads(cfg.learner.threads)
+    if args.rank > 0:
+        return follow(cfg, args, stop, log)
 
-    trainer = Trainer(cfg)
+    group = join_group(cfg, 0, log)
+    trainer = Trainer(cfg, group)
     counters = checkpoint.Counters()
     ckpt_dir = Path(cfg.run_dir) / "checkpoints"
     remove_stale_temporaries(ckpt_dir, log)
@@ -68,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             STEPS.inc(counters.step)   # the counter says the learner's step, so curves go on from it
             counters.version = max(counters.version, checkpoint.published_version(ckpt_dir)) + 1
             log.info("resumed from %s at step %d; publishing as version %d", found, counters.step, counters.version)
+    if group is not None:
+        group.share_state(trainer.agent, trainer.optimiser)   # the replicas start from what this one holds
 
     store = ParameterStore()
     blob = to_blob(trainer.agent)
@@ -96,7 +110,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         versions = batch.pop("param_version")
         keys = batch.pop("key")
-        stats = trainer.train_step(batch)
+        try:
+            stats = trainer.train_step(batch)
+        except GroupBroken as exc:
+            # a replica stopped: keep what this step had not yet changed, and let the group start again
+            checkpoint.save(ckpt_dir, trainer.agent, trainer.optimiser, counters, trainer.checkpointed_modules())
+            log.error("learner replica group broken at step %d (%s); checkpoint saved, exiting so that every "
+                      "replica starts again from it", trainer.step, exc)
+            return 1
         if stats.skipped:
             SKIPPED.inc()
             log.warning("skipped a batch: loss %s, gradient norm %s (not finite); parameters unchanged",
@@ -153,7 +174,63 @@ def main(argv: list[str] | None = None) -> int:
         log.info("final checkpoint at step %d", trainer.step)
     server.stop(grace=1.0).wait()
     stop.set()
+    if group is not None:
+        group.close()
     log.info("learner stopped")
+    return 0
+
+
+def join_group(cfg: Config, rank: int, log: logging.Logger) -> ReplicaGroup | None:
+    """This learner's replica group (None when learner.replicas is 1). Every replica waits here for the
+    others, up to two minutes."""
+    n = cfg.learner.replicas
+    if n == 1:
+        return None
+    host, port = cfg.endpoints.learner_group.rsplit(":", 1)
+    log.info("replica %d of %d: meeting the others at %s", rank, n, cfg.endpoints.learner_group)
+    group = ReplicaGroup(rank, n, host, int(port), pick_device(cfg.learner.device, "learner.device"))
+    log.info("replica %d of %d: group formed", rank, n)
+    return group
+
+
+def follow(cfg: Config, args: argparse.Namespace, stop: threading.Event, log: logging.Logger) -> int:
+    """Replica r > 0: trains on its own batches with the group's averaged gradients; it publishes and saves
+    nothing (replica 0 does), and serves its metrics at endpoints.learner_replica_metrics_base + r. When a
+    replica dies the others' next step fails, and every one of them starts again from replica 0's
+    checkpoint."""
+    if args.rank >= cfg.learner.replicas:
+        raise SystemExit(f"--rank {args.rank} but learner.replicas={cfg.learner.replicas}")
+    group = join_group(cfg, args.rank, log)
+    trainer = Trainer(cfg, group)
+    group.share_state(trainer.agent, trainer.optimiser)
+    start_metrics(cfg.endpoints.learner_replica_metrics_base + args.rank, cfg.endpoints.bind_host)
+    fetcher = BatchFetcher(cfg, stop)
+    fetcher.start()
+    samples_per_batch = cfg.learner.batch_size * cfg.sequence.length
+    while not stop.is_set():
+        batch = fetcher.get()
+        if batch is None:
+            continue
+        batch.pop("param_version")
+        keys = batch.pop("key")
+        try:
+            stats = trainer.train_step(batch)
+        except GroupBroken as exc:
+            log.error("learner replica group broken at step %d (%s); exiting to meet the group again",
+                      trainer.step, exc)
+            return 1
+        if stats.skipped:
+            SKIPPED.inc()
+            continue
+        if cfg.replay.prioritised:
+            fetcher.send_priorities(keys, stats.priorities)
+        STEPS.inc()
+        SAMPLES.inc(samples_per_batch)
+        TOTAL_LOSS.set(stats.loss)
+        if args.max_steps and trainer.step >= args.max_steps:
+            break
+    group.close()
+    log.info("learner replica %d stopped", args.rank)
     return 0
 
 

@@ -13,6 +13,10 @@ import torch
 import torch.distributed as dist
 
 
+class GroupBroken(RuntimeError):
+    """A collective operation failed: a replica stopped or cannot be reached."""
+
+
 class ReplicaGroup:
     """This process's place in a group of `world` learner replicas, rendezvous at tcp://address:port."""
 
@@ -36,7 +40,10 @@ class ReplicaGroup:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.detach().flatten().to(torch.float32) for g in grads]
                          + [torch.tensor([0.0 if finite else 1.0], device=self.device)])
-        dist.all_reduce(flat)
+        try:
+            dist.all_reduce(flat)
+        except RuntimeError as exc:   # gloo and NCCL report a lost peer as a plain RuntimeError
+            raise GroupBroken(str(exc).splitlines()[0]) from exc
         flat[:-1] /= self.world
         offset = 0
         for p, g in zip(params, grads, strict=True):
@@ -46,15 +53,27 @@ class ReplicaGroup:
         return bool(flat[-1] == 0)
 
     def share_state(self, module: torch.nn.Module, optimiser: torch.optim.Optimizer) -> None:
-        """Replica 0's parameters, buffers and optimiser state, in place on every replica."""
+        """Replica 0's parameters, buffers and optimiser state, in place on every replica. Replica 0 may hold
+        optimiser state (it resumed from a checkpoint) where the others have none yet: they create theirs
+        with one step on zero gradients (its effect is overwritten here), then take replica 0's."""
+        params = [p for group in optimiser.param_groups for p in group["params"]]
+        has_state = torch.tensor([float(bool(optimiser.state.get(p))) for p in params], device=self.device)
+        dist.broadcast(has_state, src=0)
+        if self.rank != 0 and bool(has_state.any()) and not optimiser.state:
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            optimiser.step()
+            optimiser.zero_grad(set_to_none=True)
+        for p, present in zip(params, has_state.tolist(), strict=True):
+            if not present:
+                optimiser.state.pop(p, None)
+                continue
+            state = optimiser.state[p]
+            for key in sorted(state):
+                if isinstance(state[key], torch.Tensor):
+                    dist.broadcast(state[key], src=0)
         for tensor in module.state_dict().values():
             dist.broadcast(tensor, src=0)
-        for group in optimiser.param_groups:
-            for p in group["params"]:
-                state = optimiser.state[p]
-                for key in sorted(state):
-                    if isinstance(state[key], torch.Tensor):
-                        dist.broadcast(state[key], src=0)
 
     def close(self) -> None:
         dist.destroy_process_group()

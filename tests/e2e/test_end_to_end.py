@@ -1,8 +1,10 @@
 """The whole system as `make run` starts it: four services as separate processes via the launcher."""
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -161,3 +163,46 @@ def test_minatar_beats_random_play(tmp_path, preset):
     evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert evals[-1]["game"] == "minatar-breakout" and evals[-1]["mean"] >= 2.5 and evals[-1]["hns"] is None
 
+
+
+def test_two_learner_replicas_learn_catch_and_a_killed_replica_rejoins(tmp_path):
+    """learner.replicas=2: two learner processes average their gradients over gloo, replica 0 publishes.
+    Replica 1 is killed once the group has trained; the group starts again from replica 0's checkpoint
+    (the launcher restarts whoever died) and still learns Catch to the evaluator's 0.9."""
+    import signal
+    import threading
+
+    run_dir = tmp_path / "e2e-replicas"
+    killed = []
+
+    def kill_replica_one_once_trained() -> None:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and not killed:
+            time.sleep(1.0)
+            log = run_dir / "logs" / "learner-1.log"
+            metrics = run_dir / "metrics.jsonl"
+            if not (log.exists() and metrics.exists()):
+                continue
+            steps = [json.loads(line).get("learner_steps") or 0 for line in metrics.read_text().splitlines()[-1:]]
+            if steps and steps[0] >= 40:
+                found = subprocess.run(["pgrep", "-f", f"learner_svc.*run_dir={run_dir}.*--rank 1"],
+                                       capture_output=True, text=True).stdout.split()
+                for pid in found:
+                    os.kill(int(pid), signal.SIGKILL)
+                killed.extend(found)
+
+    killer = threading.Thread(target=kill_replica_one_once_trained, daemon=True)
+    killer.start()
+    proc, records, _ = _launch(tmp_path, "e2e-replicas", "catch", "catch", 240, "--until-eval", "0.9",
+                               "--set", "learner.replicas=2", "--set", "learner.checkpoint_every=50", timeout=300)
+    killer.join(timeout=5)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "evaluation score reached 0.9" in proc.stdout, proc.stdout[-3000:]
+    assert killed, "replica 1 was never seen training"
+    assert "learner-1 exited with -9" in proc.stdout and "learner exited with 1" in proc.stdout, proc.stdout[-3000:]
+    assert "replica group broken" in (run_dir / "logs" / "learner.log").read_text()
+    assert (run_dir / "logs" / "learner-1.log").read_text().count("group formed") >= 2   # it met the group again
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert evals[-1]["mean"] >= 0.9
+    steps = [r["learner_steps"] or 0 for r in records]
+    assert max(steps) > 40 and len(set(steps)) > 5   # the group trained before and after the kill

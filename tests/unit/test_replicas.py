@@ -24,13 +24,17 @@ def _replica(rank: int, port: int, out: mp.Queue) -> None:
     torch.set_num_threads(1)
     cfg = load_config("catch", OVERRIDES)
     group = ReplicaGroup(rank, 2, "127.0.0.1", port, torch.device("cpu"), timeout_s=60)
-    trainer = Trainer(cfg, group)
-    if rank == 1:   # a replica that starts apart is brought to replica 0's state
+    trainer = Trainer(cfg)   # alone for its first step: replica 0 as if resumed, with optimiser state
+    if rank == 0:
+        trainer.train_step(_batch(cfg, np.random.default_rng(50)))
+    else:   # a replica that starts apart, without optimiser state, is brought to replica 0's state
         with torch.no_grad():
             for p in trainer.agent.parameters():
                 p.add_(1.0)
+    trainer.group = group
     group.share_state(trainer.agent, trainer.optimiser)
     params = _flat(trainer.agent.parameters())
+    moments = _flat(s["exp_avg_sq"] for s in trainer.optimiser.state.values())
     trainer.optimiser.zero_grad(set_to_none=True)
     trainer._split_backward(_batch(cfg, np.random.default_rng(100 + rank)))
     finite = group.average_gradients(trainer.parameters, True)
@@ -39,7 +43,7 @@ def _replica(rank: int, port: int, out: mp.Queue) -> None:
     if rank == 1:
         poisoned["reward"][:] = np.nan
     skipped = trainer.train_step(poisoned).skipped
-    out.put((rank, params, grads, finite, skipped))
+    out.put((rank, params, moments, grads, finite, skipped))
     group.close()
 
 
@@ -60,13 +64,17 @@ def test_the_groups_gradient_is_the_gradient_over_the_union_of_the_batches():
     union = {name: np.concatenate([h[name] for h in halves]) for name in halves[0]}
     union_cfg = load_config("catch", [*OVERRIDES[:2], "learner.batch_size=8"])
     alone = Trainer(union_cfg)
+    alone.train_step(_batch(cfg, np.random.default_rng(50)))   # replica 0's first step, batch of 4
     alone.optimiser.zero_grad(set_to_none=True)
     alone._split_backward(union)
     expected = _flat(p.grad for p in alone.parameters)
 
-    (params0, grads0, finite0, skipped0), (params1, grads1, finite1, skipped1) = results[0], results[1]
+    (params0, moments0, grads0, finite0, skipped0) = results[0]
+    (params1, moments1, grads1, finite1, skipped1) = results[1]
     np.testing.assert_array_equal(params0, params1)                      # replica 0's state everywhere
-    np.testing.assert_array_equal(params0, _flat(alone.agent.parameters()))
+    np.testing.assert_array_equal(moments0, moments1)
+    assert moments0.any()
+    np.testing.assert_allclose(params0, _flat(alone.agent.parameters()), rtol=1e-5, atol=1e-8)   # thread counts differ
     np.testing.assert_array_equal(grads0, grads1)
     np.testing.assert_allclose(grads0, expected, rtol=1e-4, atol=1e-6)   # the mean over both batches
     assert finite0 and finite1 and skipped0 and skipped1                  # one poisoned batch: both skip
