@@ -113,7 +113,8 @@ def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
     """The evaluator's loop; returns when `stop` is set."""
     ec = cfg.eval
     game = cfg.env.name
-    envs = make_envs(eval_env_config(cfg), ec.num_envs, seed=ec.seed)
+    env_cfg = eval_env_config(cfg)
+    envs = make_envs(env_cfg, ec.num_envs, seed=ec.seed)
     spec = envs.spec
     agent = build_agent(cfg, spec.obs_shape, spec.num_actions).eval().to(pick_device(cfg.actor.device, "actor.device"))
     net = policy_net(agent)
@@ -146,6 +147,7 @@ def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
         last = version
         record = {"time": time.time(), "version": version, "game": game, "policy": policy,
                   "epsilon": ec.epsilon if policy == "greedy" else None, "sticky_actions": ec.sticky_actions,
+                  "repeat_action_probability": env_cfg.repeat_action_probability,
                   "noop_max": cfg.env.noop_max, "max_episode_frames": cfg.env.max_episode_frames,
                   **summarise(game, scores), "scores": scores, "frames": steps * frame_skip, "seconds": seconds}
         with out_path.open("a") as f:

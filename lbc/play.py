@@ -116,7 +116,7 @@ def board_image(board: np.ndarray, scale: int = 16) -> np.ndarray:
 
 
 def play_cli(args: argparse.Namespace) -> int:
-    from actor_svc.evaluator import play
+    from actor_svc.evaluator import eval_env_config, play
     from lbc.acting import evaluation_policy
     from lbc.agents import make_acting
     from lbc.nets import build_agent, policy_net
@@ -131,10 +131,11 @@ def play_cli(args: argparse.Namespace) -> int:
     frames: list[np.ndarray] = []
     on_frame = None
     if kind == "atari":
-        game = RenderedGame(cfg.env, args.seed, args.max_frames, record=args.video is not None)
+        game = RenderedGame(eval_env_config(cfg), args.seed, args.max_frames, record=args.video is not None)
         frames = game.frames
     else:
-        env_cfg = cfg.env.model_copy(update={"max_episode_frames": args.max_frames or cfg.env.max_episode_frames})
+        env_cfg = eval_env_config(cfg).model_copy(
+            update={"max_episode_frames": args.max_frames or cfg.env.max_episode_frames})
         game = make_envs(env_cfg, 1, args.seed)
         if args.video:
             def on_frame(obs: np.ndarray, actions: np.ndarray) -> None:

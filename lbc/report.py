@@ -31,6 +31,9 @@ class Run:
     game: str                 # lbc.config.EnvConfig.name: the Atari game, minatar-<game>, catch, a Gymnasium id
     metrics: list[dict]
     evals: list[dict] = field(default_factory=list)   # each with "frames" added from the version join
+    # where the game itself is sticky (MinAtar), the evaluator plays it so: its probability, for records
+    # written before the evaluator logged the probability it played with
+    game_sticky: float = 0.0
 
     @property
     def frames(self) -> float:
@@ -88,7 +91,9 @@ def load_run(path: Path) -> Run:
         frames = frames_at_version(metrics, record["version"])
         if frames is not None:
             evals.append({**record, "frames": frames})
-    return Run(name=path.name, preset=config.get("preset", "?"), game=game, metrics=metrics, evals=evals)
+    game_sticky = float(env.get("repeat_action_probability", 0.0)) if env.get("kind", "atari") != "atari" else 0.0
+    return Run(name=path.name, preset=config.get("preset", "?"), game=game, metrics=metrics, evals=evals,
+               game_sticky=game_sticky)
 
 
 LAYER_STYLES = ("-", "--", ":")   # the torso's ReLU layers in order: first convolution, second, features
@@ -171,8 +176,10 @@ def summary(runs: list[Run], png_name: str) -> str:
         if final:
             policy = final.get("policy", "?") + (f" eps {final['epsilon']}" if final.get("epsilon") is not None else "")
             noops = f"no-ops {final.get('noop_max', '?')}, " if human_normalised(r.game, 0.0) is not None else ""
-            protocol = (f"{policy}, {final.get('episodes', '?')} episodes, {noops}"
-                        f"sticky {'0.25' if final.get('sticky_actions') else 'no'}")
+            sticky = final.get("repeat_action_probability",
+                                0.25 if final.get("sticky_actions") else r.game_sticky)
+            protocol = f"{policy}, {final.get('episodes', '?')} episodes, {noops}sticky {sticky:g}" if sticky \
+                else f"{policy}, {final.get('episodes', '?')} episodes, {noops}sticky no"
         lines.append(
             f"| {r.name} | {r.preset} | {r.game} | {r.frames / 1e6:.2f}M | {r.wall_s / 60:.0f} min | {len(r.evals)} | "
             + (f"{final['mean']:.2f} ± {final['std']:.2f} | {_fmt(final.get('hns'), '.3f')} | "

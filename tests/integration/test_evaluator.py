@@ -36,6 +36,7 @@ def test_evaluator_plays_its_version_and_survives_a_learner_restart(tmp_path):
         wait_for(lambda: _records(run_dir), 60, "the first evaluation")
         first = _records(run_dir)[0]
         assert first["version"] == 0 and first["episodes"] == 6 and len(first["scores"]) == 6
+        assert first["repeat_action_probability"] == 0.0 and first["sticky_actions"] is False
         assert metric(eval_port, "lbc_eval_param_version") == 0
         assert metric(eval_port, "lbc_eval_score", stat="mean") == first["mean"]
 

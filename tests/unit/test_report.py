@@ -58,11 +58,17 @@ def test_report_writes_plot_and_summary_with_aggregates(tmp_path, capsys):
 
 
 def test_a_minatar_run_is_named_by_its_game_and_reported_without_atari_no_ops(tmp_path):
+    """MinAtar is evaluated as it is played, with its own sticky actions (0.1 in the preset): the protocol
+    says so, also for evaluations logged before the evaluator recorded the probability it played with."""
     _write_run(tmp_path / "m", "minatar", "space_invaders", [1.0, 2.0], [(1, 3.0)])
     assert load_run(tmp_path / "m").game == "minatar-space_invaders"
-    assert main(["report", str(tmp_path / "m"), "--out", str(tmp_path), "--name", "r"]) == 0
-    row = next(line for line in (tmp_path / "r.md").read_text().splitlines() if line.startswith("| m |"))
+    _write_run(tmp_path / "a", "cpu", "pong", [1.0, 2.0], [(1, 3.0)])
+    assert main(["report", str(tmp_path / "m"), str(tmp_path / "a"), "--out", str(tmp_path), "--name", "r"]) == 0
+    lines = (tmp_path / "r.md").read_text().splitlines()
+    rows = {line.split(" | ")[0]: line for line in lines if line.startswith("| ")}
+    row = rows["| m"]
     assert "| minatar-space_invaders |" in row and "no-ops" not in row and "greedy eps 0.01, 8 episodes" in row
+    assert "sticky 0.1 |" in row and "no-ops 30, sticky no |" in rows["| a"]
 
 
 def test_report_refuses_a_folder_without_metrics(tmp_path):
