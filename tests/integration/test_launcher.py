@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from lbc.config import load_config
+from lbc.preflight import local_ports
 from tests.support import REPO, free_port, launcher_endpoint_args
 
 
@@ -129,8 +131,9 @@ def test_services_listen_on_loopback_and_die_with_a_killed_launcher(tmp_path):
     for line in launcher.stdout:   # the first progress line: every service is up and listening
         if line.startswith("["):
             break
-    ports = {int(o.rsplit(":", 1)[1]) for o in sets if o.startswith("endpoints.") and ":" in o.split("=", 1)[1]}
-    ports |= {int(o.split("=", 1)[1]) for o in sets if o.startswith("endpoints.") and "metrics" in o}
+    # every port this run listens on (the learner group's only with learner.replicas > 1)
+    ports = set(local_ports(load_config("catch", [s for s in sets if s != "--set"]), actors=1).values())
+    assert len(ports) == 12   # five services, the evaluator and one actor
     loopback = {"0100007F", "0000000000000000FFFF00000100007F"}   # 127.0.0.1, as IPv4 and as v4-mapped IPv6
     deadline = time.monotonic() + 20.0
     while not all(_listeners(port) for port in ports) and time.monotonic() < deadline:
