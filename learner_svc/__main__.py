@@ -50,14 +50,22 @@ RECYCLED = Counter("lbc_learner_recycled_units_total", "Dormant torso units give
 SKIPPED = Counter("lbc_learner_skipped_steps_total", "Batches skipped because the loss or a gradient was not finite")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = base_parser("learner_svc", __doc__)
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in run_dir")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: run until stopped)")
     parser.add_argument("--rank", type=int, default=int(os.environ.get("LBC_LEARNER_RANK", "0")),
                         help="this replica's number when learner.replicas > 1 (default $LBC_LEARNER_RANK or 0); "
                              "replica 0 publishes parameters and writes checkpoints")
-    args = parser.parse_args(argv)
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="serve the Prometheus metrics on this port (default: endpoints.learner_metrics for "
+                             "replica 0, endpoints.learner_replica_metrics_base + r for replica r, as replicas "
+                             "that share a host need; replicas in pods of their own pass one port to all)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     cfg: Config = config_from_args(args)
     log = setup_logging("learner" if args.rank == 0 else f"learner-{args.rank}", args.log_level)
     stop = stop_event()
@@ -88,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     store.set(counters.version, blob)
     VERSION.set(counters.version)
     # metrics first: whoever sees the new parameters can also read the version and step they come with
-    start_metrics(cfg.endpoints.learner_metrics, cfg.endpoints.bind_host)
+    start_metrics(args.metrics_port or cfg.endpoints.learner_metrics, cfg.endpoints.bind_host)
     server, health = grpc_server(listen_address(cfg.endpoints.params, cfg.endpoints.bind_host),
                                  credentials=server_credentials_of(cfg))
     servicer = ParameterServicer(store, shapes(trainer.agent), cfg.learner.accept_pushes,
@@ -195,7 +203,8 @@ def join_group(cfg: Config, rank: int, log: logging.Logger) -> ReplicaGroup | No
 
 def follow(cfg: Config, args: argparse.Namespace, stop: threading.Event, log: logging.Logger) -> int:
     """Replica r > 0: trains on its own batches with the group's averaged gradients; it publishes and saves
-    nothing (replica 0 does), and serves its metrics at endpoints.learner_replica_metrics_base + r. When a
+    nothing (replica 0 does), and serves its metrics at endpoints.learner_replica_metrics_base + r (or
+    --metrics-port). When a
     replica dies the others' next step fails, and every one of them starts again from replica 0's
     checkpoint."""
     if args.rank >= cfg.learner.replicas:
@@ -203,7 +212,7 @@ def follow(cfg: Config, args: argparse.Namespace, stop: threading.Event, log: lo
     group = join_group(cfg, args.rank, log)
     trainer = Trainer(cfg, group)
     group.share_state(trainer.agent, trainer.optimiser)
-    start_metrics(cfg.endpoints.learner_replica_metrics_base + args.rank, cfg.endpoints.bind_host)
+    start_metrics(args.metrics_port or cfg.endpoints.learner_replica_metrics_base + args.rank, cfg.endpoints.bind_host)
     fetcher = BatchFetcher(cfg, stop)
     fetcher.start()
     samples_per_batch = cfg.learner.batch_size * cfg.sequence.length

@@ -64,9 +64,27 @@ def container_env(objects: tuple[dict, ...], container: dict, pod_name: str) -> 
             env[item["name"]] = maps[ref["name"]][ref["key"]]
         elif item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
             env[item["name"]] = pod_name
+        elif item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == POD_INDEX_FIELD:
+            env[item["name"]] = pod_name.rsplit("-", 1)[1]   # a StatefulSet's pod <name>-<index>
         else:
             raise AssertionError(f"unsupported env source {item}")
     return env
+
+
+POD_INDEX_FIELD = "metadata.labels['apps.kubernetes.io/pod-index']"
+
+
+def pod_labels(workload: dict) -> dict[str, dict[str, str]]:
+    """Each pod the workload's controller makes, by name, with its labels: the template's, and for a
+    StatefulSet's pod <name>-<i> also the two its controller adds (pod-name and, Kubernetes >= 1.28,
+    pod-index). A Deployment's pods are told apart by no label: one stands for all."""
+    name = workload["metadata"]["name"]
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    if workload["kind"] != "StatefulSet":
+        return {f"{name}-pod": labels}
+    return {f"{name}-{i}": {**labels, "statefulset.kubernetes.io/pod-name": f"{name}-{i}",
+                            "apps.kubernetes.io/pod-index": str(i)}
+            for i in range(workload["spec"].get("replicas", 1))}
 
 
 def selects(selector: dict, labels: dict) -> bool:

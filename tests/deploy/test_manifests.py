@@ -11,6 +11,7 @@ import pytest
 
 from lbc import cli, dashboard
 from lbc.config import Config, load_config
+from learner_svc import __main__ as learner_main
 from tests.deploy.manifests import (
     OVERLAYS,
     REPO,
@@ -18,6 +19,7 @@ from tests.deploy.manifests import (
     config_env,
     container_env,
     named,
+    pod_labels,
     render,
     selects,
     workloads,
@@ -37,7 +39,8 @@ ENDPOINT_SERVICES = {
 }
 SERVICE_MODULES = {"learner": "learner_svc", "replay": "replay_svc", "bandit": "bandit_svc", "actor": "actor_svc",
                    "evaluator": "actor_svc"}
-ACTOR_ENV = {"LBC_ACTOR_ID", "LBC_ACTOR_INDEX"}   # read by actor_svc itself, not by the configuration
+# read by the service itself, not by the configuration
+SERVICE_ENV = {"actor": {"LBC_ACTOR_ID", "LBC_ACTOR_INDEX"}, "learner": {"LBC_LEARNER_RANK"}}
 
 
 def component(obj: dict) -> str:
@@ -81,11 +84,13 @@ def test_strict_validation_catches_a_misspelt_field() -> None:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_selectors_match_template_labels(overlay: str) -> None:
     objects = render(overlay)
-    pods = {o["metadata"]["name"]: o["spec"]["template"]["metadata"]["labels"] for o in workloads(objects)}
+    made = {w["metadata"]["name"]: pod_labels(w) for w in workloads(objects)}
+    pods = {pod: labels for by_pod in made.values() for pod, labels in by_pod.items()}
     for w in workloads(objects):
-        assert selects(w["spec"]["selector"]["matchLabels"], pods[w["metadata"]["name"]]), w["metadata"]["name"]
-    for svc in by_kind(objects, "Service"):
-        matched = [n for n, labels in pods.items() if selects(svc["spec"]["selector"], labels)]
+        selector = w["spec"]["selector"]["matchLabels"]
+        assert all(selects(selector, labels) for labels in made[w["metadata"]["name"]].values()), w["metadata"]["name"]
+    for svc in by_kind(objects, "Service"):   # each Service reaches the pods of one workload
+        matched = [n for n, by_pod in made.items() if any(selects(svc["spec"]["selector"], v) for v in by_pod.values())]
         assert len(matched) == 1, f"Service {svc['metadata']['name']} selects {matched}"
     for pdb in by_kind(objects, "PodDisruptionBudget"):
         assert any(selects(pdb["spec"]["selector"]["matchLabels"], labels) for labels in pods.values())
@@ -141,7 +146,8 @@ def test_every_environment_variable_is_read_by_the_code(overlay: str, monkeypatc
     for w in workloads(objects):
         env = container_env(objects, container(w), "pod-0")
         for key in env:
-            if component(w) == "actor" and key in ACTOR_ENV:
+            if key in SERVICE_ENV.get(component(w), ()):
+                assert key in (REPO / SERVICE_MODULES[component(w)] / "__main__.py").read_text(), key
                 continue
             assert key.startswith("LBC_"), key
             path = key.removeprefix("LBC_").lower().split("__")
@@ -175,6 +181,8 @@ def test_probes_point_at_real_ports_and_health_names(overlay: str) -> None:
                 assert int(command[4].rsplit(":", 1)[1]) == declared["grpc"]
                 args = cli.build_parser().parse_args(command[3:])
                 assert args.certs == "/certs" and args.wait == 0
+            elif "tcpSocket" in probe:
+                assert probe["tcpSocket"]["port"] in declared
             else:
                 assert probe["httpGet"]["port"] in declared
 
@@ -241,6 +249,42 @@ def test_gpu_overlay_puts_the_learner_on_a_gpu_with_the_paper_preset() -> None:
     assert learner["image"].endswith("-gpu")
     assert not any("nvidia.com/gpu" in container(w)["resources"]["limits"]
                    for w in workloads(objects) if component(w) != "learner")
+
+
+def test_gpu_overlay_runs_a_learner_group_whose_replicas_can_meet(monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = render("overlays/gpu")
+    cfg = config_of(objects, monkeypatch)
+    learner = named(objects, "StatefulSet", "lbc-learner")
+    c = container(learner)
+    n = learner["spec"]["replicas"]
+    assert n == cfg.learner.replicas > 1, "the StatefulSet's pods and learner.replicas must agree"
+    assert learner["spec"]["podManagementPolicy"] == "Parallel"   # they wait for each other at the rendezvous
+    # replica 0 is pod 0, under the headless Service that governs the StatefulSet (stable DNS before readiness)
+    host, port = cfg.endpoints.learner_group.rsplit(":", 1)
+    governing = learner["spec"]["serviceName"]
+    assert host == f"lbc-learner-0.{governing}"
+    headless = named(objects, "Service", governing)["spec"]
+    assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True
+    pods = pod_labels(learner)
+    assert all(selects(headless["selector"], labels) for labels in pods.values())
+    (rendezvous,) = [p for p in headless["ports"] if p["port"] == int(port)]
+    assert ports(c)[rendezvous["targetPort"]] == int(port)
+    # each pod's rank is its index; the parameter Service reaches replica 0 only (the others serve none)
+    params = named(objects, "Service", cfg.endpoints.params.rsplit(":", 1)[0])["spec"]["selector"]
+    assert [pod for pod, labels in pods.items() if selects(params, labels)] == ["lbc-learner-0"]
+    for pod in pods:
+        env = container_env(objects, c, pod)
+        monkeypatch.setenv("LBC_LEARNER_RANK", env["LBC_LEARNER_RANK"])
+        args = learner_main.build_parser().parse_args(c["args"])
+        assert f"lbc-learner-{args.rank}" == pod and args.rank < cfg.learner.replicas
+        assert args.metrics_port == ports(c)["metrics"] and args.resume
+    # the collective library's connections (ports of its own choosing) pass between learner pods
+    group_rules = [rule for policy in by_kind(objects, "NetworkPolicy")
+                   if selects(policy["spec"]["podSelector"].get("matchLabels", {}), pods["lbc-learner-1"])
+                   for rule in policy["spec"].get("ingress", [])
+                   if "ports" not in rule and any(selects(peer.get("podSelector", {}).get("matchLabels", {"": ""}),
+                                                          pods["lbc-learner-0"]) for peer in rule["from"])]
+    assert group_rules, "no NetworkPolicy lets learner replicas reach each other on every port"
 
 
 # What KEDA documents for keda.sh/v1alpha1 ScaledObject (keda.sh/docs/2.x/reference/scaledobject-spec) and its
