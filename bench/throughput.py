@@ -210,6 +210,28 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
             "seconds": dt, "lag": last["lag"]}
 
 
+# Settings that change how fast a stage runs and not what is learnt per frame (bf16: decision 40, its loss
+# terms within 2% of fp32's, tests/unit/test_devices.py), each measured on the stage it acts on.
+LEVERS: dict[str, tuple[str, list[str]]] = {
+    "learner bf16 autocast": ("learner", ["learner.precision=bf16"]),
+}
+
+
+def lever_table(cfg_of: dict[str, Config], base: dict[str, float], cores: int, seconds: float) -> list[str]:
+    """One row per lever: the stage it acts on measured with it, its gain over the preset, and the ceiling
+    the whole machine would have with it."""
+    rates = {"environment": env_rate, "inference": inference_rate, "learner": learner_rate}
+    rows = ["lever                      stage        alone/s    gain   ceiling frames/s"]
+    for lever, cfg in cfg_of.items():
+        stage = LEVERS[lever][0]
+        rate = rates[stage](cfg, seconds)
+        with_lever = {**base, stage: rate}
+        ceiling = cores / (1 / with_lever["environment"] + 1 / with_lever["inference"]
+                           + cfg.replay.replay_ratio / with_lever["learner"]) * cfg.env.frames_per_step
+        rows.append(f"{lever:26} {stage:11} {rate:9,.0f} {rate / base[stage]:6.2f}x {ceiling:12,.0f}")
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -222,6 +244,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=30.0, help="end-to-end seconds discarded at the start")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--stages-only", action="store_true", help="measure the stages alone, not the whole system")
+    parser.add_argument("--levers", action="store_true",
+                        help="also measure each speed lever on the stage it acts on: " + ", ".join(LEVERS))
     parser.add_argument("--actor-scaling", default="", metavar="N,N,...",
                         help="also run the whole system with each of these actor counts, e.g. 1,2,4,8,12")
     args = parser.parse_args()
@@ -252,6 +276,12 @@ def main() -> int:
     ceiling = args.cores / (1 / env + 1 / inf + ratio / learn)
     print(f"ceiling = {args.cores} / (1/env + 1/inference + {ratio}/learner) = {ceiling:,.0f} agent steps/s "
           f"= {ceiling * frame_skip:,.0f} frames/s", flush=True)
+    if args.levers:
+        levers = {name: load_config(args.preset, [f"env.game={args.game}", *args.overrides, *sets])
+                  for name, (_, sets) in LEVERS.items()}
+        base = {"environment": env, "inference": inf, "learner": learn}
+        for row in lever_table(levers, base, args.cores, args.stage_seconds):
+            print(row, flush=True)
     if args.stages_only:
         return 0
     gpu = shutil.which("nvidia-smi") is not None and torch.cuda.is_available()
