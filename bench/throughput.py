@@ -10,7 +10,8 @@ then runs the whole system with the launcher and prints achieved / ceiling. It a
 step into its parts (copy to the device, forward and loss, backward, optimiser), and on a GPU machine
 reports peak memory and nvidia-smi's utilisation; --actor-scaling 1,2,4,8,12 runs the whole system per
 actor count against linear scaling. For NGU presets it prints what the intrinsic reward costs per agent
-step, by how full the episodic memories are.
+step, by how full the episodic memories are; --levers measures each speed lever on its stage, and --profile
+samples the running services with py-spy (bench.spy) to show where each thread is busy and where it waits.
 Figures are printed, never asserted: this is a benchmark, not a test.
 """
 
@@ -29,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.spy import profile_lines
 from lbc.acting import CoreInputs, forward
 from lbc.agents import Acting, family_of, make_acting
 from lbc.behaviour import EpisodeBehaviour, Psi, sample_actions
@@ -191,7 +193,11 @@ class GpuSampler:
         return (float(np.mean(util)) if util else float("nan"), max((float(r[1]) for r in rows), default=float("nan")))
 
 
-def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: float, overrides: list[str]) -> dict:
+def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: float, overrides: list[str],
+               profile: bool = False) -> dict:
+    """The whole system under the launcher: frames/s and learner steps/s over `seconds` after `warmup`;
+    with `profile`, py-spy's table of where each service thread spends and waits (bench.spy) over the
+    middle of that window, under "profile"."""
     name = f"bench-{preset}-{game}"
     run_dir = Path("runs") / name
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -199,7 +205,17 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
             "--name", name, "--duration", str(seconds + warmup), "--progress-every", "5"]
     for o in overrides:
         argv += ["--set", o]
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    table: list[str] = []
+    if profile:
+        span = min(20.0, seconds / 2)
+        time.sleep(warmup + (seconds - span) / 2)
+        try:
+            table = profile_lines(launcher.pid, span)
+        except RuntimeError as e:   # no ptrace rights: the figures still count
+            table = [f"profile: {e}"]
+    if launcher.wait() != 0:
+        raise subprocess.CalledProcessError(launcher.returncode, argv)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     t0 = records[0]["time"]
     window = [r for r in records if r["time"] - t0 >= warmup]
@@ -207,7 +223,7 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
     dt = last["time"] - first["time"]
     return {"frames_per_s": (last["frames"] - first["frames"]) / dt,
             "learner_steps_per_s": (last["learner_steps"] - first["learner_steps"]) / dt,
-            "seconds": dt, "lag": last["lag"]}
+            "seconds": dt, "lag": last["lag"], "profile": table}
 
 
 # Settings that change how fast a stage runs and not what is learnt per frame (bf16: decision 40, its loss
@@ -246,6 +262,9 @@ def main() -> int:
     parser.add_argument("--stages-only", action="store_true", help="measure the stages alone, not the whole system")
     parser.add_argument("--levers", action="store_true",
                         help="also measure each speed lever on the stage it acts on: " + ", ".join(LEVERS))
+    parser.add_argument("--profile", action="store_true",
+                        help="sample every service with py-spy during the end-to-end window (bench.spy): where each "
+                             "thread is busy and where it waits")
     parser.add_argument("--actor-scaling", default="", metavar="N,N,...",
                         help="also run the whole system with each of these actor counts, e.g. 1,2,4,8,12")
     args = parser.parse_args()
@@ -289,7 +308,8 @@ def main() -> int:
     first = None
     for actors in counts:
         sampler = GpuSampler() if gpu else None
-        e2e = end_to_end(args.preset, args.game, actors, args.seconds, args.warmup, args.overrides)
+        e2e = end_to_end(args.preset, args.game, actors, args.seconds, args.warmup, args.overrides,
+                         profile=args.profile and actors == args.actors)
         achieved = e2e["frames_per_s"] / frame_skip
         first = first or (actors, e2e["frames_per_s"])
         scaling = e2e["frames_per_s"] / (first[1] * actors / first[0])
@@ -304,6 +324,8 @@ def main() -> int:
         print(line, flush=True)
         if actors == args.actors:
             print(f"achieved / ceiling = {achieved / ceiling:.2f}", flush=True)
+            for row in e2e["profile"]:
+                print(row, flush=True)
     return 0
 
 
