@@ -186,6 +186,11 @@ def test_centred_frames_put_the_background_at_zero():
     assert not x.any()                                                  # every background pixel is 0
     plain = build_net(load_config("cpu"), spec.obs_shape, spec.num_actions)._torso_input(frames)
     torch.testing.assert_close(plain[1, 0], torch.full((84, 84), 87 / 255))
+    # the learner's NHWC layout (set_channels_last) centres the same values, in that layout
+    frames = torch.randint(0, 256, (3, *spec.obs_shape), dtype=torch.uint8)
+    nhwc = net.set_channels_last(True)._torso_input(frames)
+    assert nhwc.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(nhwc, net.set_channels_last(False)._torso_input(frames))
 
 
 def test_feedforward_core_reads_the_frame_alone():
