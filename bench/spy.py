@@ -29,6 +29,7 @@ _PROCESS = re.compile(r'^process \d+:"(?P<cmd>.*)"$')
 _THREAD = re.compile(r"^thread \(\d+\)(?:: (?P<name>.*))?$")
 _SERVICE = re.compile(r"-m (?P<module>[\w.]+)")
 _MODE = re.compile(r"--(?:mode (?P<mode>\w+)|index (?P<index>\d+))")
+_FRAME = re.compile(r"^(?P<fn>.*) \((?P<file>[^:()]*)(?::\d+)?\)$")
 
 
 @dataclass
@@ -77,7 +78,7 @@ def parse_raw(text: str) -> dict[tuple[str, str], ThreadSamples]:
 
 def _short(frame: str) -> str:
     """`Conv2d._conv_forward (torch/nn/modules/conv.py:560)` -> `Conv2d._conv_forward (conv.py)`."""
-    m = re.match(r"^(?P<fn>.*) \((?P<file>[^:()]*)(?::\d+)?\)$", frame)
+    m = _FRAME.match(frame)
     return f"{m['fn']} ({Path(m['file']).name})" if m else frame
 
 

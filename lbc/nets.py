@@ -291,11 +291,12 @@ class LBCNet(nn.Module):
             return frames.float()
         if isinstance(self.torso, _ConvTorso):   # lay out the uint8 frames, so the float copy is the only big one
             frames = frames.contiguous(memory_format=self.torso.memory_format)
+        x = frames.float()
         if self.centre_frames:
             # [M, C]: the background's grey, from every 4th pixel each way (16x faster than all, same on Atari)
             median = lower_median(frames[..., ::4, ::4].flatten(2), self.median_by_sort)
-            return frames.float().sub_(median.float()[..., None, None]).div_(255.0)
-        return frames.float().div_(255.0)
+            x.sub_(median.float()[..., None, None])
+        return x.div_(255.0)
 
     def torso_dead_units(self, frames: torch.Tensor) -> dict[str, float]:
         """dead_units of the torso on uint8 frames [M, *obs_shape]."""
