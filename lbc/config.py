@@ -200,13 +200,15 @@ class LearnerConfig(_Section):
     loss_reduction: Literal["mean", "sum"] = Field(
         "mean", description="losses averaged or summed over time and batch (IMPALA's code sums; its RMSProp "
                             "eps of 0.01 assumes summed gradients)")
-    target_policy: Literal["softmax", "behaviour_temperature", "behaviour_mixture"] = Field(
-        "softmax", description="pi_i = softmax(A_i) (LBC as printed), softmax(tau_i A_i) with the episode's tau_i "
-                               "(DiCE), or the episode's whole behaviour mixture for every policy (GDI)")
+    target_policy: Literal["softmax", "fixed_temperature", "behaviour_temperature", "behaviour_mixture"] = Field(
+        "softmax", description="pi_i = softmax(A_i) (LBC as printed), softmax(target_tau A_i) (one fixed inverse "
+                               "temperature), softmax(tau_i A_i) with the episode's tau_i (DiCE), or the episode's "
+                               "whole behaviour mixture for every policy (GDI)")
     centre_q: bool = Field(False, description="Q = V + A - E_pi[A] (GDI) instead of Q = V + A (LBC)")
     standardise_advantages: bool = Field(False, description="policy gradient on the batch's advantages less their "
                                          "mean, over their std, per policy (PPO's normalisation)")
     min_target_tau: float = Field(0.05, gt=0.0, description="floor on tau_i in the target policy")
+    target_tau: float = Field(1.0, gt=0.0, description="the inverse temperature of target_policy=fixed_temperature")
     threads: int = Field(1, ge=1, description="intra-op threads of the learner")
     split_batch: int = Field(1, ge=1, description="parts of each batch computed at once in threads (one "
                                                   "intra-op thread each suits a CPU shared with actors)")

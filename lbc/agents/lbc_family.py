@@ -63,7 +63,7 @@ class LbcLoss:
         self.components = torch.tensor(cfg.components, device=device)
 
     def target_log_policy(self, adv: torch.Tensor, psi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Every policy's log pi [T+1, B, N, A] and policy-gradient scale [T, B, N] (or None).
+        """Every policy's log pi [T+1, B, N, A] and policy-gradient scale [T, B, N] (or one for all, or None).
 
         adv is [T+1, B, N, A]; psi [T, B, 2K] holds (tau_1..tau_K, omega_1..omega_K) of the episode each
         step belongs to. The bootstrap row repeats the last step's psi (across an episode end it is
@@ -73,6 +73,8 @@ class LbcLoss:
         k = self.cfg.num_components
         if lc.target_policy == "softmax":
             return torch.log_softmax(adv, dim=-1), None
+        if lc.target_policy == "fixed_temperature":   # DiCE's form at one temperature for every episode
+            return torch.log_softmax(adv * lc.target_tau, dim=-1), adv.new_tensor(1.0 / lc.target_tau)
         if lc.target_policy == "behaviour_temperature":   # DiCE: softmax(tau_i A_i), gradient scaled by 1/tau_i
             tau = split_psi(psi, k)[0].clamp_min(lc.min_target_tau)
             return torch.log_softmax(adv * tau.unsqueeze(-1), dim=-1), 1.0 / tau[:-1]

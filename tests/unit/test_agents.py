@@ -97,3 +97,28 @@ def test_ngu_acting_plays_its_member_or_the_chosen_one_and_evaluates_with_j_0():
     assert acting.extra_inputs(fields).shape == (1, 4, cfg.ngu.num_mixtures + 1)
     acting.for_evaluation()
     assert all(acting.exploits(e) for e in range(4))
+
+
+@pytest.mark.parametrize("target_policy", ["softmax", "fixed_temperature", "behaviour_temperature"])
+def test_target_policy_temperature_and_gradient_scale(target_policy):
+    """pi_i = softmax(beta A_i) with beta 1 (LBC), target_tau (one for every episode) or the episode's tau_i
+    (DiCE); the policy gradient is scaled by 1/beta, so its step in A is the same at every beta."""
+    cfg = _catch("cpu", {"learner": {"target_policy": target_policy, "target_tau": 8.0}})
+    loss = LbcLoss(cfg, torch.device("cpu"))
+    t, b, n, a = 5, 3, cfg.num_policies, 3
+    gen = torch.Generator().manual_seed(0)
+    adv = torch.randn(t + 1, b, n, a, generator=gen)
+    tau = torch.rand(t, b, n, generator=gen) * 50 + 1
+    psi = torch.cat([tau, torch.full((t, b, n), 1.0 / n)], dim=-1)
+    log_pi, scale = loss.target_log_policy(adv, psi)
+    beta = {"softmax": torch.tensor(1.0), "fixed_temperature": torch.tensor(8.0),
+            "behaviour_temperature": torch.cat([tau, tau[-1:]]).unsqueeze(-1)}[target_policy]
+    logits = beta.double().numpy() * adv.double().numpy()
+    logits -= logits.max(-1, keepdims=True)
+    expected = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    torch.testing.assert_close(log_pi.double(), torch.from_numpy(expected), rtol=1e-4, atol=1e-4)
+    if target_policy == "softmax":
+        assert scale is None
+    else:
+        per_step = beta[:-1].squeeze(-1) if beta.dim() else beta
+        torch.testing.assert_close(torch.broadcast_to(scale, (t, b, n)), torch.broadcast_to(1.0 / per_step, (t, b, n)))
