@@ -148,9 +148,11 @@ def play_cli(args: argparse.Namespace) -> int:
     print(f"playing {cfg.env.name} with {path.name} (version {state['version']}, learner step {state['step']}), "
           f"policy {policy}", flush=True)
     scores = []
+    # one generator for all games: reseeding it per game replays the same draws, and on a deterministic
+    # emulator (no sticky actions) the same game
+    generator = torch.Generator().manual_seed(args.seed)
     for episode in range(args.episodes):
-        played = play(cfg, net, game, 1, args.seed + episode, policy, acting, torch.Generator().manual_seed(args.seed),
-                      on_frame=on_frame)
+        played = play(cfg, net, game, 1, args.seed + episode, policy, acting, generator, on_frame=on_frame)
         scores += played[0]
         print(f"episode {episode + 1}: score {played[0][0]:.0f} ({played[1]} agent steps)", flush=True)
     print(f"mean {np.mean(scores):.2f} +- {np.std(scores):.2f} over {len(scores)} episode(s)")

@@ -120,6 +120,19 @@ def test_play_writes_a_video_of_the_frames_played(tmp_path, capsys):
         play_cli(build_parser().parse_args(["play", str(run), "--version", "99"]))
 
 
+def test_play_draws_each_game_afresh(tmp_path, capsys):
+    """Several games are several games: the policy's draws go on from game to game (reseeded per game, two
+    games of the deterministic emulator were the same game, step for step). Fixed seeds: no flake."""
+    run = tmp_path / "run"
+    run_folder_with_checkpoint(run, load_config("cpu", ["env.game=breakout", f"run_dir={run}"]), step=7, version=3)
+    from lbc.play import play_cli
+
+    assert play_cli(build_parser().parse_args(["play", str(run), "--episodes", "3", "--max-frames", "3000",
+                                               "--policy", "sample"])) == 0
+    steps = [int(n) for n in re.findall(r"episode \d: score \d+ \((\d+) agent steps\)", capsys.readouterr().out)]
+    assert len(steps) == 3 and len(set(steps)) == 3
+
+
 def test_play_shows_a_minatar_board_and_takes_a_policy(tmp_path, capsys):
     """MinAtar runs play on the package's own game; the mp4 holds one board picture per agent step, each
     channel in its colour. --policy overrides the run's evaluation policy; Catch runs print scores only."""
