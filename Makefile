@@ -19,15 +19,16 @@ IMAGE       ?= localhost/lbc:0.1.0$(if $(filter gpu,$(VARIANT)),-gpu,)
 BASE        ?= localhost/debian-python:bookworm
 IMAGE_DIR   := build/image
 
-.PHONY: help run curve test test-fast bench soak lint proto install clean image image-smoke base-image wheelhouse test-tools
+.PHONY: help run curve test test-extended test-fast bench soak lint proto install clean image image-smoke base-image wheelhouse test-tools
 
 help:
 	@echo "make run     train on this machine: PRESET=$(PRESET) GAME=$(GAME) ACTORS=$(ACTORS) NAME=$(NAME) ARGS='...'"
 	@echo "             (ARGS: launcher flags, e.g. --resume, --overwrite, --port-base 41000, --duration 1800;"
 	@echo "              all of them: .venv/bin/python -m lbc.launch --help)"
 	@echo "make curve   a learning run for FRAMES=$(FRAMES) emulator frames, then its plot and table (lbc report)"
-	@echo "make test    lint and the whole test suite (about 15 minutes on two cores)"
+	@echo "make test    lint and the test suite CI runs (about 17 minutes on two cores)"
 	@echo "make test-fast  lint and the unit tests not marked slow (about a minute): the inner loop"
+	@echo "make test-extended  the preset learning runs that make test leaves out (decision 47; about seven minutes)"
 	@echo "make bench   throughput of the whole system and of each stage"
 	@echo "make soak    MINUTES=$(MINUTES) of Catch, each service's memory growth in MB/min"
 	@echo "make image   the container image (VARIANT=cpu|gpu); kubectl apply -k k8s/ deploys it"
@@ -67,7 +68,11 @@ test-tools:
 
 test: install test-tools
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not extended" tests
+
+# Preset learning runs whose code the runs in make test already cover (docs/decisions.md 47): about seven minutes.
+test-extended: install
+	$(PY) -m pytest -q -m extended tests
 
 # The inner loop: lint and the unit tests not marked slow (about a minute); make test is what CI runs.
 test-fast: install

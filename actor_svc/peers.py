@@ -18,10 +18,11 @@ import zmq
 from prometheus_client import Counter, Gauge
 
 from lbc import codec
-from lbc.behaviour import EpisodeBehaviour, Psi, psi_problem
+from lbc.behaviour import EpisodeBehaviour
 from lbc.config import Config
 from lbc.params import load_blob
 from lbc.peers import BanditClient, ParameterClient
+from lbc.psi import Psi, psi_problem
 from lbc.security import channel_credentials_of, secure_client_socket
 from lbc.service import Backoff
 

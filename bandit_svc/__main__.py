@@ -10,8 +10,8 @@ import grpc
 from prometheus_client import Counter, Gauge
 
 from bandit_svc.state import BanditState, UnknownEpisode
-from lbc.behaviour import Psi
 from lbc.config import Config
+from lbc.psi import Psi
 from lbc.security import server_credentials_of
 from lbc.service import (
     base_parser,

@@ -33,10 +33,11 @@ import torch
 from bench.spy import profile_lines
 from lbc.acting import CoreInputs, forward
 from lbc.agents import Acting, family_of, make_acting
-from lbc.behaviour import EpisodeBehaviour, Psi, sample_actions
+from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import PRESETS, Config, load_config
 from lbc.envs import make_envs
 from lbc.nets import build_agent, policy_net
+from lbc.psi import Psi
 from lbc.sequences import sequence_layout
 from learner_svc.training import Trainer, to_time_major
 

@@ -390,7 +390,7 @@ class Config(BaseSettings):
             raise ValueError("policies: at least one policy is needed")
         # imported here: lbc.envs reads this module's EnvConfig
         from lbc.envs import env_spec
-        from lbc.nets import resolve_torso, torso_problem
+        from lbc.torsos import resolve_torso, torso_problem
 
         spec = env_spec(self.env)
         problem = torso_problem(self.net.torso, spec.obs_shape)

@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from lbc.behaviour import psi_problem, psi_width, split_psi
 from lbc.codec import CodecError, Layout, check_layout
 from lbc.config import Config
 from lbc.envs import env_spec
 from lbc.family import family_traits
+from lbc.psi import psi_problem, psi_width, split_psi
 from lbc.rewards import REWARD_SHAPING
 
 
@@ -68,7 +68,7 @@ def validate_sequence(arrays: Mapping[str, np.ndarray], cfg: Config) -> None:
 
     - actions and previous actions in the action set; behaviour probabilities in (0, 1];
     - rewards within env.max_abs_reward;
-    - psi: tau in [0, tau_max], omega in [0, 1] summing to 1 (lbc.behaviour.psi_problem);
+    - psi: tau in [0, tau_max], omega in [0, 1] summing to 1 (lbc.psi.psi_problem);
     - truncated only where done; bootstrap values within value_bound(cfg);
     - h0 in [-1, 1] (h = sigmoid(o) tanh(.)); |c0| at most one per step of an episode (|c_t| <=
       |c_{t-1}| + 1), so at most env.max_episode_frames.

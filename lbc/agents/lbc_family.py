@@ -14,10 +14,11 @@ import numpy as np
 import torch
 
 from lbc.agents.protocols import LossOutput
-from lbc.behaviour import EpisodeBehaviour, behaviour_probs, log_boltzmann_mixture, psi_width, split_psi
+from lbc.behaviour import EpisodeBehaviour, behaviour_probs, log_boltzmann_mixture
 from lbc.config import Config
 from lbc.losses import LossScales, lbc_policy_loss, sequence_priorities
 from lbc.nets import LBCNet, NetOutput
+from lbc.psi import psi_width, split_psi
 from lbc.rewards import REWARD_SHAPING
 
 

@@ -17,13 +17,14 @@ import numpy as np
 import torch
 
 from lbc.agents.protocols import LossOutput
-from lbc.behaviour import EpisodeBehaviour, epsilon_greedy, psi_width
+from lbc.behaviour import EpisodeBehaviour, epsilon_greedy
 from lbc.config import Config
 from lbc.devices import to_device
 from lbc.losses import ngu_q_loss, sequence_priorities
 from lbc.nets import LBCNet, NetOutput
 from lbc.ngu import IntrinsicRewards, core_inputs, environment_epsilons, environment_mixtures, mixture_family
 from lbc.ngu_nets import NguAux
+from lbc.psi import psi_width
 from lbc.rewards import REWARD_SHAPING
 
 

@@ -19,7 +19,7 @@ class Acting(Protocol):
 
     psi: np.ndarray
     """[E, P] float32: each environment's behaviour parameters psi for its current episode (the layout of
-    lbc.behaviour.join_psi), recorded with every step."""
+    lbc.psi.join_psi), recorded with every step."""
 
     def begin_episode(self, env: int, chosen: EpisodeBehaviour) -> None:
         """The behaviour the meta-controller (or the local default) chose for `env`'s next episode."""

@@ -42,12 +42,15 @@ def test_actor_survives_peer_restarts(tmp_path, preset, sizing):
                  "reports after bandit restart")
 
         # learner dies: the actor acts on its last parameters; the new learner resumes the version count
-        version = metric(actor_port, "lbc_actor_param_version")
+        published = metric(learner_port, "lbc_learner_param_version")
         learner.kill()
+        version = metric(actor_port, "lbc_actor_param_version")   # read after the kill: it cannot rise now
         learner.start("--resume")
-        wait_for(lambda: metric(actor_port, "lbc_actor_param_version") > version, 90, "newer parameters")
+        wait_healthy(o["endpoints.params"], "lbc.v1.ParameterService", timeout=90)
         # versions never repeat: the resumed learner publishes above everything published before
-        assert metric(learner_port, "lbc_learner_param_version") > version
+        resumed = metric(learner_port, "lbc_learner_param_version")
+        assert resumed > max(published, version)
+        wait_for(lambda: metric(actor_port, "lbc_actor_param_version") >= resumed, 90, "the new learner's parameters")
         assert actor.alive()
         assert "resumed from" in learner.log()
     finally:

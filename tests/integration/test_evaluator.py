@@ -59,10 +59,13 @@ def test_evaluator_plays_its_version_and_survives_a_learner_restart(tmp_path):
         wait_for(lambda: list((run_dir / "checkpoints").glob("ckpt-*.pt")) and _records(run_dir)[-1]["version"] >= 5,
                  120, "evaluations of trained versions and a checkpoint")
         # the learner dies and comes back from its checkpoint: the evaluator goes on with the newer versions
-        seen = max(r["version"] for r in _records(run_dir))
         learner.kill()
         learner.start("--resume")
-        wait_for(lambda: max(r["version"] for r in _records(run_dir)) > seen, 120, "an evaluation after the restart")
+        # the resumed learner publishes a version above every one published before it died, so an
+        # evaluation at or above its first version is one of the new learner's
+        wait_healthy(o["endpoints.params"], "lbc.v1.ParameterService", timeout=120)
+        resumed = metric(int(o["endpoints.learner_metrics"]), "lbc_learner_param_version")
+        wait_for(lambda: _records(run_dir)[-1]["version"] >= resumed, 120, "an evaluation of the resumed learner")
         assert evaluator.alive()
     finally:
         codes = [s.stop() for s in services]

@@ -9,11 +9,12 @@ from lbc.acting import evaluation_policy
 from lbc.agents import LbcActing, NguActing, family_of, make_acting, make_loss
 from lbc.agents.lbc_family import LbcLoss
 from lbc.agents.ngu import NguLoss
-from lbc.behaviour import EpisodeBehaviour, Psi, boltzmann_mixture, epsilon_greedy_mixture
+from lbc.behaviour import EpisodeBehaviour, boltzmann_mixture, epsilon_greedy_mixture
 from lbc.config import PRESETS, load_config
 from lbc.family import family_traits
 from lbc.nets import NetOutput, build_agent, policy_net
 from lbc.presets import CATCH_SIZING, deep_merge
+from lbc.psi import Psi
 from lbc.sequences import sequence_layout
 
 

@@ -6,15 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from lbc.behaviour import (
-    Psi,
-    boltzmann_mixture,
-    epsilon_greedy_mixture,
-    log_boltzmann_mixture,
-    psi_problem,
-    sample_actions,
-    split_psi,
-)
+from lbc.behaviour import boltzmann_mixture, epsilon_greedy_mixture, log_boltzmann_mixture, sample_actions
+from lbc.psi import Psi, psi_problem, split_psi
 from lbc.rewards import REWARD_SHAPING, quarter_root, rs1, rs2, rs3
 
 
@@ -148,7 +141,7 @@ def test_psi_is_joined_and_split_in_one_place():
     import numpy as np
     import torch
 
-    from lbc.behaviour import join_psi, psi_width, split_psi
+    from lbc.psi import join_psi, psi_width, split_psi
 
     psi = join_psi([0.5, 2.0, 9.0], (0.2, 0.3, 0.5))
     assert psi.dtype == np.float32 and psi.shape == (psi_width(3),)

@@ -66,3 +66,12 @@ def test_config_show_prints_the_resolved_preset_with_overrides(capsys, monkeypat
         main(["config", "show", "--set", "learner.batch_sise=3"])
     with pytest.raises(SystemExit, match="did you mean impala"):
         main(["config", "show", "--preset", "impal"])
+
+
+def test_the_launcher_and_the_bandit_validate_a_config_without_torch():
+    """Importing torch costs about two seconds of CPU per process; the launcher (before any service starts)
+    and the bandit service need none of it, so configuration checks live in torch-free modules."""
+    code = ("import sys; import lbc.launch, bandit_svc.__main__; from lbc.config import load_config; "
+            "load_config('dice', ['env.game=pong']); load_config('catch'); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr

@@ -11,8 +11,9 @@ from pydantic import ValidationError
 
 from lbc.config import MINATAR_CHANNELS, load_config
 from lbc.envs import GymnasiumEnvs, MinAtarEnvs, env_spec, make_envs
-from lbc.nets import build_net, resolve_torso
+from lbc.nets import TORSOS, build_net
 from lbc.sequences import sequence_layout
+from lbc.torsos import TORSO_NAMES, resolve_torso
 
 
 def _cfg(*overrides: str, preset: str = "cpu"):
@@ -92,6 +93,8 @@ def test_torso_auto_picks_by_the_observation():
     assert resolve_torso("auto", (4, 10, 10)) == "minatar"
     assert resolve_torso("auto", (8,)) == "mlp"
     assert resolve_torso("deep", (8,)) == "deep"      # an explicit choice is kept (and validated elsewhere)
+    # config validation knows the torsos by name (without torch); the networks build exactly those
+    assert set(TORSO_NAMES) == set(TORSOS)
 
 
 def test_minatar_channels_are_the_packages():
