@@ -148,6 +148,15 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.5) -> Non
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def resume_learner(learner: Service, overrides: dict[str, str], timeout: float = 120.0) -> int:
+    """Start a killed learner again with --resume and return the first version it publishes, once it serves
+    parameters. It publishes above every version published before it died, so whatever a peer reports at
+    or above this version came from the resumed learner, not from a pull of the old one before its kill."""
+    learner.start("--resume")
+    wait_healthy(overrides["endpoints.params"], "lbc.v1.ParameterService", timeout=timeout)
+    return int(metric(int(overrides["endpoints.learner_metrics"]), "lbc_learner_param_version"))
+
+
 def run_folder_with_checkpoint(run: Path, cfg, step: int, version: int) -> None:
     """A run folder as the launcher leaves it, holding one checkpoint of a fresh agent (cfg: Config with
     run_dir=run): what `lbc play` and `lbc export` read."""

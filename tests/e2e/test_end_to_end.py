@@ -115,7 +115,8 @@ def test_ngu_learns_catch(tmp_path, preset):
 # Every preset with code of its own on Atari. Not: `cpu` (test_short_pong_run), `catch`, `paper` (= `lbc-bm`),
 # and the presets that differ from one here only in sizes (impala-cpu: impala's batch, which SMOKE_SIZING
 # overrides), in whether the bandit learns (dice-random, lbc-random) or in repeating one policy
-# (lbc-reduce-h: cpu's three heads, all h_1); their Catch tests above run them end to end.
+# (lbc-reduce-h: cpu's three heads, all h_1); their Catch tests above run them end to end (those of
+# dice-random, lbc-random and lbc-reduce-h in make test-extended, decision 47).
 SMOKE_COVERED_ELSEWHERE = {"cpu", "catch", "paper", "impala-cpu", "dice-random", "lbc-random", "lbc-reduce-h",
                            "minatar", "impala-minatar"}   # MinAtar, not Atari: test_minatar_beats_random_play
 SMOKE_PRESETS = sorted(set(PRESETS) - SMOKE_COVERED_ELSEWHERE)

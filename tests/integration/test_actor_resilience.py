@@ -3,7 +3,16 @@
 import pytest
 
 from lbc.presets import CATCH_SIZING
-from tests.support import Service, endpoint_overrides, flat_overrides, metric, overrides_dict, wait_for, wait_healthy
+from tests.support import (
+    Service,
+    endpoint_overrides,
+    flat_overrides,
+    metric,
+    overrides_dict,
+    resume_learner,
+    wait_for,
+    wait_healthy,
+)
 
 
 # agent57 on Catch sizes: NGU's learner resumes with its target network, the actor keeps its own j
@@ -45,10 +54,8 @@ def test_actor_survives_peer_restarts(tmp_path, preset, sizing):
         published = metric(learner_port, "lbc_learner_param_version")
         learner.kill()
         version = metric(actor_port, "lbc_actor_param_version")   # read after the kill: it cannot rise now
-        learner.start("--resume")
-        wait_healthy(o["endpoints.params"], "lbc.v1.ParameterService", timeout=90)
+        resumed = resume_learner(learner, o, timeout=90)
         # versions never repeat: the resumed learner publishes above everything published before
-        resumed = metric(learner_port, "lbc_learner_param_version")
         assert resumed > max(published, version)
         wait_for(lambda: metric(actor_port, "lbc_actor_param_version") >= resumed, 90, "the new learner's parameters")
         assert actor.alive()

@@ -11,7 +11,7 @@ from lbc.agents import make_acting
 from lbc.config import load_config
 from lbc.envs import make_envs
 from lbc.nets import build_agent
-from tests.support import Service, endpoint_overrides, metric, overrides_dict, wait_for, wait_healthy
+from tests.support import Service, endpoint_overrides, metric, overrides_dict, resume_learner, wait_for, wait_healthy
 
 EVAL = ["eval.every_versions=1", "eval.episodes=6", "eval.num_envs=3", "learner.checkpoint_every=20"]
 
@@ -60,11 +60,7 @@ def test_evaluator_plays_its_version_and_survives_a_learner_restart(tmp_path):
                  120, "evaluations of trained versions and a checkpoint")
         # the learner dies and comes back from its checkpoint: the evaluator goes on with the newer versions
         learner.kill()
-        learner.start("--resume")
-        # the resumed learner publishes a version above every one published before it died, so an
-        # evaluation at or above its first version is one of the new learner's
-        wait_healthy(o["endpoints.params"], "lbc.v1.ParameterService", timeout=120)
-        resumed = metric(int(o["endpoints.learner_metrics"]), "lbc_learner_param_version")
+        resumed = resume_learner(learner, o)
         wait_for(lambda: _records(run_dir)[-1]["version"] >= resumed, 120, "an evaluation of the resumed learner")
         assert evaluator.alive()
     finally:
