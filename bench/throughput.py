@@ -35,6 +35,7 @@ from lbc.acting import CoreInputs, forward
 from lbc.agents import Acting, family_of, make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import PRESETS, Config, load_config
+from lbc.devices import pick_device
 from lbc.envs import make_envs
 from lbc.nets import build_agent, policy_net
 from lbc.psi import Psi
@@ -59,12 +60,13 @@ def env_rate(cfg: Config, seconds: float) -> float:
 
 
 def _actor_parts(cfg: Config) -> tuple[np.ndarray, torch.nn.Module, Acting]:
-    """A real first observation, the actor's network and its family's acting part, every environment in
-    an episode of tau = 1 and equal weights."""
+    """A real first observation, the actor's network on actor.device and its family's acting part, every
+    environment in an episode of tau = 1 and equal weights."""
     envs = make_envs(cfg.env, cfg.env.num_envs, seed=0)
     obs = envs.reset()
     envs.close()
-    agent = build_agent(cfg, envs.spec.obs_shape, envs.spec.num_actions).eval()
+    device = pick_device(cfg.actor.device, "actor.device")
+    agent = build_agent(cfg, envs.spec.obs_shape, envs.spec.num_actions).eval().to(device)
     acting = make_acting(cfg, agent, cfg.env.num_envs)
     n = cfg.num_components
     for e in range(cfg.env.num_envs):
@@ -281,7 +283,7 @@ def main() -> int:
     print(f"environment alone (1 core): {env:10,.0f} agent steps/s ({env * frame_skip:,.0f} frames/s)",
           flush=True)
     inf = inference_rate(cfg, args.stage_seconds)
-    print(f"inference alone   (1 core): {inf:10,.0f} samples/s", flush=True)
+    print(f"inference alone   (1 core, {cfg.actor.device} device): {inf:10,.0f} samples/s", flush=True)
     if family_of(cfg) == "ngu":
         costs = intrinsic_cost(cfg, (1, 1_000, 5_000, cfg.ngu.memory_capacity))
         print("NGU intrinsic reward per agent step, by episodic memory fill: "

@@ -78,7 +78,10 @@ class AtariEnvs:
         )
 
     def reset(self, seed: int | None = None) -> np.ndarray:
-        obs, info = self._env.reset(seed=self._seed if seed is None else seed)
+        # ALE seeds game i with seed + i as a C int: fold larger seeds (an actor's seed mixes in a CRC-32 of
+        # its name) into that range rather than fail with pybind's "incompatible function arguments".
+        base = (self._seed if seed is None else seed) % (2**31 - self.num_envs)
+        obs, info = self._env.reset(seed=base)
         self._lives = info["lives"]
         return obs
 

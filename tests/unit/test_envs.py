@@ -39,6 +39,16 @@ def test_atari_is_reproducible_from_its_seed(pong_cfg):
     np.testing.assert_array_equal(run(5), run(5))
 
 
+def test_atari_takes_an_actors_seed_beyond_a_c_int(pong_cfg):
+    # the third actor of `lbc.launch` ("actor-2") gets base + 2 x 9973 + crc32("actor-2") > 2**31
+    from actor_svc.__main__ import actor_seed
+    seed = actor_seed(0, 2, "actor-2")
+    assert seed >= 2**31
+    envs = AtariEnvs(pong_cfg, 2, seed=seed)
+    assert envs.reset().shape == (2, 4, 84, 84)
+    envs.close()
+
+
 def test_atari_rejects_actions_outside_the_set(pong_cfg):
     envs = AtariEnvs(pong_cfg, 2, seed=0)
     envs.reset()
