@@ -6,10 +6,12 @@ learner samples/s (one training step of the preset's batch). Combines them into 
 
     ceiling = cores / (1/env + 1/inference + replay_ratio/learner)     [agent steps/s]
 
-then runs the whole system with the launcher and prints achieved / ceiling. It also splits one learner
-step into its parts (copy to the device, forward and loss, backward, optimiser), and on a GPU machine
-reports peak memory and nvidia-smi's utilisation; --actor-scaling 1,2,4,8,12 runs the whole system per
-actor count against linear scaling. For NGU presets it prints what the intrinsic reward costs per agent
+(with the learner on a GPU its term leaves the cores' sum and bounds on its own:
+min(cores / (1/env + 1/inference), learner / replay_ratio)), then runs the whole system with the
+launcher and prints achieved / ceiling. It also splits one learner step into its parts (copy to the
+device, forward and loss, backward, optimiser), and on a GPU machine reports peak memory and
+nvidia-smi's utilisation; --actor-scaling 1,2,4,8,12 runs the whole system per actor count against
+linear growth from the smallest count. For NGU presets it prints what the intrinsic reward costs per agent
 step, by how full the episodic memories are; --levers measures each speed lever on its stage, and --profile
 samples the running services with py-spy (bench.spy) to show where each thread is busy and where it waits.
 Figures are printed, never asserted: this is a benchmark, not a test.
@@ -236,6 +238,16 @@ LEVERS: dict[str, tuple[str, list[str]]] = {
 }
 
 
+def ceiling_rate(cores: int, env: float, inference: float, learner: float, replay_ratio: float,
+                 learner_on_gpu: bool) -> float:
+    """Agent steps/s the machine could reach with each stage at its rate alone. Each actor steps its games and
+    then runs inference in one loop, so those two add per core; a CPU learner takes cores from them, a GPU
+    learner bounds the rate by itself (it trains replay_ratio samples per agent step)."""
+    if learner_on_gpu:
+        return min(cores / (1 / env + 1 / inference), learner / replay_ratio)
+    return cores / (1 / env + 1 / inference + replay_ratio / learner)
+
+
 def lever_table(cfg_of: dict[str, Config], base: dict[str, float], cores: int, seconds: float) -> list[str]:
     """One row per lever: the stage it acts on measured with it, its gain over the preset, and the ceiling
     the whole machine would have with it."""
@@ -245,8 +257,9 @@ def lever_table(cfg_of: dict[str, Config], base: dict[str, float], cores: int, s
         stage = LEVERS[lever][0]
         rate = rates[stage](cfg, seconds)
         with_lever = {**base, stage: rate}
-        ceiling = cores / (1 / with_lever["environment"] + 1 / with_lever["inference"]
-                           + cfg.replay.replay_ratio / with_lever["learner"]) * cfg.env.frames_per_step
+        ceiling = ceiling_rate(cores, with_lever["environment"], with_lever["inference"], with_lever["learner"],
+                               cfg.replay.replay_ratio, pick_device(cfg.learner.device, "learner.device").type == "cuda"
+                               ) * cfg.env.frames_per_step
         rows.append(f"{lever:26} {stage:11} {rate:9,.0f} {rate / base[stage]:6.2f}x {ceiling:12,.0f}")
     return rows
 
@@ -290,14 +303,16 @@ def main() -> int:
               + ", ".join(f"{fill:,}: {us:,.0f} us" for fill, us in costs.items())
               + f" (the whole inference stage: {1e6 / inf:,.0f} us at fill 1)", flush=True)
     learn = learner_rate(cfg, args.stage_seconds)
-    device = f"{cfg.learner.device} device, {cfg.learner.precision}"
+    device = f"{pick_device(cfg.learner.device, 'learner.device').type} device, {cfg.learner.precision}"
     print(f"learner alone     (1 core, {device}): {learn:10,.0f} samples/s", flush=True)
     parts = learner_parts(cfg)
     print("learner step, ms:  " + ", ".join(f"{part} {ms:,.1f}" for part, ms in parts.items()), flush=True)
     ratio = cfg.replay.replay_ratio
-    ceiling = args.cores / (1 / env + 1 / inf + ratio / learn)
-    print(f"ceiling = {args.cores} / (1/env + 1/inference + {ratio}/learner) = {ceiling:,.0f} agent steps/s "
-          f"= {ceiling * frame_skip:,.0f} frames/s", flush=True)
+    on_gpu = pick_device(cfg.learner.device, "learner.device").type == "cuda"
+    ceiling = ceiling_rate(args.cores, env, inf, learn, ratio, on_gpu)
+    formula = (f"min({args.cores} / (1/env + 1/inference), learner/{ratio})" if on_gpu
+               else f"{args.cores} / (1/env + 1/inference + {ratio}/learner)")
+    print(f"ceiling = {formula} = {ceiling:,.0f} agent steps/s = {ceiling * frame_skip:,.0f} frames/s", flush=True)
     if args.levers:
         levers = {name: load_config(args.preset, [f"env.game={args.game}", *args.overrides, *sets])
                   for name, (_, sets) in LEVERS.items()}
@@ -307,7 +322,8 @@ def main() -> int:
     if args.stages_only:
         return 0
     gpu = shutil.which("nvidia-smi") is not None and torch.cuda.is_available()
-    counts = [args.actors] + [int(n) for n in args.actor_scaling.split(",") if n and int(n) != args.actors]
+    # smallest first: scaling is each count's frames/s against linear growth from the smallest
+    counts = sorted({args.actors, *(int(n) for n in args.actor_scaling.split(",") if n)})
     first = None
     for actors in counts:
         sampler = GpuSampler() if gpu else None
