@@ -96,7 +96,8 @@ class NetConfig(_Section):
         "feedforward: none, the heads read the torso's features (docs/decisions.md 35)")
     centre_frames: bool = Field(False, description="subtract each frame's median (its background) before the "
                                                    "torso, so a bright background does not move with every "
-                                                   "weight of the first convolution (docs/decisions.md 34)")
+                                                   "weight of the first convolution (docs/decisions.md 34); "
+                                                   "vector observations go in as they come")
     init: Literal["torch", "orthogonal"] = Field(
         "torch", description="torso weights: torch's default, or orthogonal with the ReLU gain sqrt(2) and zero "
                              "biases (features ~20x larger at the start; docs/decisions.md 34)")
@@ -399,8 +400,6 @@ class Config(BaseSettings):
         torso = resolve_torso(self.net.torso, spec.obs_shape)
         if self.learner.recycle_every and torso not in ("small", "mlp"):
             raise ValueError(f"learner.recycle_every covers the small and mlp torsos, not net.torso={torso}")
-        if self.net.centre_frames and spec.obs_dtype != "uint8":
-            raise ValueError("net.centre_frames is for image observations; these are vectors")
         if self.learner.split_batch > self.learner.batch_size:
             raise ValueError("learner.split_batch cannot exceed learner.batch_size")
         if self.replay.min_sequences < self.learner.batch_size:

@@ -57,7 +57,9 @@ def _output(adv):
 def test_lbc_acting_plays_each_environments_episode_psi(family):
     """After begin_episode, environment e's behaviour is mu_psi with e's (tau, omega); a later episode's
     psi reaches the next step (psi is recorded by reference, so the sequence holds what was played)."""
-    cfg = _catch("cpu", {"behaviour": {"family": family, "tau_range": [0.0, 1.0]}})
+    # LBC's own target: cpu's (the episode's temperature) is for the Boltzmann mixture alone
+    cfg = _catch("cpu", {"behaviour": {"family": family, "tau_range": [0.0, 1.0]},
+                         "learner": {"target_policy": "softmax"}})
     acting = make_acting(cfg, _agent(cfg), 2)
     k = cfg.num_components
     rng = np.random.default_rng(0)

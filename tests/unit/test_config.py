@@ -69,16 +69,22 @@ def test_deep_merge_merges_sections_and_replaces_the_rest():
 
 
 def test_presets_are_algorithms_over_sizings():
-    """The Catch preset is the cpu one with the Catch sizing laid over it by the same merge the tests use,
-    and the paper and cpu presets of LBC differ only in sizing."""
-    from lbc.presets import CATCH_SIZING, CPU_SIZING, PAPER_SIZING, deep_merge
+    """The Catch preset is LBC on the cpu sizing with the Catch sizing laid over it by the same merge the tests
+    use; `cpu` is LBC on the cpu sizing with LBC_CPU_TRAINING (decision 48); the paper and cpu presets of
+    LBC differ only in what those two layers hold."""
+    from lbc.presets import CATCH_SIZING, CPU_SIZING, LBC, LBC_CPU_TRAINING, PAPER_SIZING, deep_merge
 
     catch = load_config("catch").model_dump()
-    laid = load_config("cpu", deep_merge(CATCH_SIZING, {"behaviour": {"tau_range": [0.0, 10.0], "tau_accuracy": 1.0}}))
+    laid = load_config("lbc-random", deep_merge(CATCH_SIZING, {"bandit": {"learn": True},
+                                                               "behaviour": {"tau_range": [0.0, 10.0],
+                                                                             "tau_accuracy": 1.0}}))
     assert {k: v for k, v in catch.items() if k != "preset"} == {k: v for k, v in laid.model_dump().items()
                                                                  if k != "preset"}
     paper, cpu = load_config("paper").model_dump(), load_config("cpu").model_dump()
-    sized = set(PAPER_SIZING) | set(CPU_SIZING)
+    sized = set(PAPER_SIZING) | set(CPU_SIZING) | set(LBC_CPU_TRAINING)
     assert {k: v for k, v in paper.items() if k not in sized | {"preset"}} == \
         {k: v for k, v in cpu.items() if k not in sized | {"preset"}}
-    assert paper["policies"] == cpu["policies"] and paper["learner"]["learning_rate"] == cpu["learner"]["learning_rate"]
+    assert paper["policies"] == cpu["policies"]
+    assert paper["learner"]["learning_rate"] == LBC["learner"]["learning_rate"]
+    assert cpu["learner"]["learning_rate"] == LBC_CPU_TRAINING["learner"]["learning_rate"]
+    assert cpu["learner"]["target_policy"] == "behaviour_temperature" and cpu["net"]["centre_frames"]

@@ -148,7 +148,7 @@ def test_orthogonal_init_keeps_the_scale_of_relu_layers():
             gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
             torch.testing.assert_close(gram, 2.0 * torch.eye(len(gram)), atol=1e-4, rtol=0)
             assert not layer.bias.any()
-    torch_net = build_net(load_config("cpu"), spec.obs_shape, spec.num_actions)
+    torch_net = build_net(load_config("cpu", ["net.init=torch"]), spec.obs_shape, spec.num_actions)
     assert torch_net.torso.fc[0].bias.any()   # torch's own default is left alone
     frames = torch.randint(0, 256, (32, *spec.obs_shape), dtype=torch.uint8)
     with torch.no_grad():
@@ -184,7 +184,7 @@ def test_centred_frames_put_the_background_at_zero():
     torch.testing.assert_close(x[0, :, 10, 40], torch.full((4,), (236 - 87) / 255))
     x[0, :, 10:12, 40] = 0.0
     assert not x.any()                                                  # every background pixel is 0
-    plain = build_net(load_config("cpu"), spec.obs_shape, spec.num_actions)._torso_input(frames)
+    plain = build_net(load_config("cpu", ["net.centre_frames=false"]), spec.obs_shape, spec.num_actions)._torso_input(frames)
     torch.testing.assert_close(plain[1, 0], torch.full((84, 84), 87 / 255))
     # the learner's NHWC layout (set_channels_last) centres the same values, in that layout
     frames = torch.randint(0, 256, (3, *spec.obs_shape), dtype=torch.uint8)

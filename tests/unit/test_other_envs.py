@@ -77,7 +77,6 @@ gym.register("LbcTestDictObs-v0", entry_point=_DictObservations)
     (["env.kind=gymnasium", "env.id=NoSuchGame-v9"], "Gymnasium cannot make it"),
     (["env.kind=gymnasium"], "needs env.id"),
     (["env.kind=gymnasium", "env.id=CartPole-v1"], "net.torso=small reads images"),
-    (["env.kind=gymnasium", "env.id=CartPole-v1", "net.torso=auto", "net.centre_frames=true"], "vectors"),
     (["env.kind=minatar", "env.game=pong"], "unknown MinAtar game"),
     (["env.kind=minatar", "env.game=breakout"], "net.torso=small needs images of at least 36x36"),
     (["net.torso=mlp"], "flattens the 4x84x84 observation"),                # Atari frames
