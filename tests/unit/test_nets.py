@@ -184,7 +184,8 @@ def test_centred_frames_put_the_background_at_zero():
     torch.testing.assert_close(x[0, :, 10, 40], torch.full((4,), (236 - 87) / 255))
     x[0, :, 10:12, 40] = 0.0
     assert not x.any()                                                  # every background pixel is 0
-    plain = build_net(load_config("cpu", ["net.centre_frames=false"]), spec.obs_shape, spec.num_actions)._torso_input(frames)
+    uncentred = load_config("cpu", ["net.centre_frames=false"])
+    plain = build_net(uncentred, spec.obs_shape, spec.num_actions)._torso_input(frames)
     torch.testing.assert_close(plain[1, 0], torch.full((84, 84), 87 / 255))
     # the learner's NHWC layout (set_channels_last) centres the same values, in that layout
     frames = torch.randint(0, 256, (3, *spec.obs_shape), dtype=torch.uint8)
