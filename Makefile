@@ -80,7 +80,7 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow" tests/unit
 
 bench: install
-	$(PY) -m bench.throughput --preset $(PRESET) --game $(GAME) --levers --profile $(ARGS)
+	$(PY) -m bench.throughput $(if $(filter file,$(origin PRESET)),,--preset $(PRESET)) --game $(GAME) --levers --profile $(ARGS)
 
 # Memory over time: Catch for MINUTES minutes, each service's RSS slope in MB/min (not part of make test).
 soak: install

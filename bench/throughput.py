@@ -264,12 +264,27 @@ def lever_table(cfg_of: dict[str, Config], base: dict[str, float], cores: int, s
     return rows
 
 
+def apply_machine_defaults(args: argparse.Namespace, gpu: bool) -> None:
+    """What a plain `make bench` measures: on a GPU machine the paper's preset with the actors' inference on
+    the GPU and the actor-scaling curve (issue 11); on a CPU machine the embedded default with one actor."""
+    paper_on_gpu = gpu and args.preset is None
+    if args.preset is None:
+        args.preset = "lbc-bm" if gpu else "cpu"
+    if paper_on_gpu and not any(o.startswith("actor.device=") for o in args.overrides):
+        args.overrides.append("actor.device=cuda")
+    if args.actors is None:
+        args.actors = 12 if paper_on_gpu else 1
+    if args.actor_scaling is None:
+        args.actor_scaling = "1,2,4,8,12" if paper_on_gpu else ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
+    parser.add_argument("--preset", choices=sorted(PRESETS),
+                        help="default: lbc-bm (the paper's scale) where a GPU is visible, else cpu")
     parser.add_argument("--game", default="pong")
-    parser.add_argument("--actors", type=int, default=1)
+    parser.add_argument("--actors", type=int, help="default: 12 for lbc-bm on a GPU, else 1")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--stage-seconds", type=float, default=10.0, help="length of each stage measured alone")
     parser.add_argument("--seconds", type=float, default=120.0, help="end-to-end measuring window")
@@ -281,9 +296,11 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true",
                         help="sample every service with py-spy during the end-to-end window (bench.spy): where each "
                              "thread is busy and where it waits")
-    parser.add_argument("--actor-scaling", default="", metavar="N,N,...",
-                        help="also run the whole system with each of these actor counts, e.g. 1,2,4,8,12")
+    parser.add_argument("--actor-scaling", metavar="N,N,...",
+                        help="also run the whole system with each of these actor counts, e.g. 1,2,4,8,12 "
+                             "(default: those for lbc-bm on a GPU, none otherwise)")
     args = parser.parse_args()
+    apply_machine_defaults(args, torch.cuda.is_available())
 
     cfg = load_config(args.preset, [f"env.game={args.game}", *args.overrides])
     torch.set_num_threads(1)
