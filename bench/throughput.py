@@ -278,7 +278,7 @@ def apply_machine_defaults(args: argparse.Namespace, gpu: bool) -> None:
         args.actor_scaling = "1,2,4,8,12" if paper_on_gpu else ""
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS),
@@ -299,7 +299,11 @@ def main() -> int:
     parser.add_argument("--actor-scaling", metavar="N,N,...",
                         help="also run the whole system with each of these actor counts, e.g. 1,2,4,8,12 "
                              "(default: those for lbc-bm on a GPU, none otherwise)")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     apply_machine_defaults(args, torch.cuda.is_available())
 
     cfg = load_config(args.preset, [f"env.game={args.game}", *args.overrides])
@@ -320,12 +324,13 @@ def main() -> int:
               + ", ".join(f"{fill:,}: {us:,.0f} us" for fill, us in costs.items())
               + f" (the whole inference stage: {1e6 / inf:,.0f} us at fill 1)", flush=True)
     learn = learner_rate(cfg, args.stage_seconds)
-    device = f"{pick_device(cfg.learner.device, 'learner.device').type} device, {cfg.learner.precision}"
-    print(f"learner alone     (1 core, {device}): {learn:10,.0f} samples/s", flush=True)
+    learner_device = pick_device(cfg.learner.device, "learner.device").type
+    print(f"learner alone     (1 core, {learner_device} device, {cfg.learner.precision}): {learn:10,.0f} samples/s",
+          flush=True)
     parts = learner_parts(cfg)
     print("learner step, ms:  " + ", ".join(f"{part} {ms:,.1f}" for part, ms in parts.items()), flush=True)
     ratio = cfg.replay.replay_ratio
-    on_gpu = pick_device(cfg.learner.device, "learner.device").type == "cuda"
+    on_gpu = learner_device == "cuda"
     ceiling = ceiling_rate(args.cores, env, inf, learn, ratio, on_gpu)
     formula = (f"min({args.cores} / (1/env + 1/inference), learner/{ratio})" if on_gpu
                else f"{args.cores} / (1/env + 1/inference + {ratio}/learner)")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.throughput import ceiling_rate
+from bench.throughput import build_parser, ceiling_rate
 
 
 def test_ceiling_adds_the_stages_per_core_and_a_gpu_learner_bounds_on_its_own():
@@ -15,13 +15,7 @@ def test_ceiling_adds_the_stages_per_core_and_a_gpu_learner_bounds_on_its_own():
 
 
 def _args(*argv):
-    import argparse
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--preset")
-    parser.add_argument("--actors", type=int)
-    parser.add_argument("--actor-scaling")
-    parser.add_argument("--set", dest="overrides", action="append", default=[])
-    return parser.parse_args(argv)
+    return build_parser().parse_args(list(argv))
 
 
 def test_a_plain_bench_measures_the_paper_preset_on_a_gpu_and_the_default_on_a_cpu():
