@@ -77,7 +77,7 @@ def export_network(net: LBCNet, obs_shape: tuple[int, ...], fmt: str, path: Path
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; one of {', '.join(FORMATS)}")
     step = ActingStep(net).eval()
-    net.median_by_sort = True            # the same lower median, in ops ONNX has
+    net.set_median_by_sort(True)         # the same lower median, in ops ONNX has
     inputs = example_inputs(net, obs_shape, 2)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -95,7 +95,7 @@ def export_network(net: LBCNet, obs_shape: tuple[int, ...], fmt: str, path: Path
                 warnings.simplefilter("ignore", DeprecationWarning)   # torch.jit: still the format C++ loads
                 torch.jit.trace(step, inputs, check_trace=False).save(str(path))
     finally:
-        net.median_by_sort = False
+        net.set_median_by_sort(False)
 
 
 def describe(cfg: Config, net: LBCNet, fmt: str, file: str, version: int, step: int) -> dict:

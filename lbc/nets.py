@@ -17,8 +17,61 @@ from lbc.recycling import Link, dormant_scores, recycle, unit_activity
 from lbc.torsos import resolve_torso, torso_problem
 
 
+def frame_medians(frames: torch.Tensor, by_sort: bool = False) -> torch.Tensor:
+    """[M, C]: the lower median of each frame of uint8 frames [M, C, H, W], the background's grey, read from every
+    4th pixel each way (16x faster than all of them, and the same on Atari)."""
+    return lower_median(frames[..., ::4, ::4].flatten(2), by_sort)
+
+
+def pixels_to_input(frames: torch.Tensor, centre: bool, by_sort: bool = False) -> torch.Tensor:
+    """uint8 frames [M, C, H, W] as a torso's float input: x / 255 in [0, 1], or with `centre` each frame less
+    its median, (x - m) / 255 in [-1, 1] (docs/decisions.md 34). The meaning of every torso's input;
+    FrameConv2d computes a convolution of it without materialising it."""
+    x = frames.float()
+    if centre:
+        x = x - frame_medians(frames, by_sort).float()[..., None, None]
+    return x / 255.0
+
+
+class FrameConv2d(nn.Conv2d):
+    """A torso's first convolution, reading uint8 frames: conv(W, pixels_to_input(x)) + b, computed as
+
+        conv(W / 255, x) + b - sum_c m_c conv(W_c / 255, 1)
+
+    (convolution is linear; conv(W_c, 1) is W_c's sum where there is no padding). The frames are read into
+    float once, and no pass over them scales or centres them: on a 2-core CPU the centred input's two
+    broadcast passes cost the learner more than the convolution's forward pass (docs/speed.md). Float
+    input (the shape probe, vectors) is convolved as it comes. `centre` and `median_by_sort` are set by
+    the network that owns the layer (LBCNet)."""
+
+    centre = False
+    median_by_sort = False   # lbc.export sets it: ONNX has no median
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.uint8:
+            return super().forward(x)
+        if not self.centre:
+            return self._conv_forward(x.float(), self.weight * (1.0 / 255.0), self.bias)
+        # in float32 even under bf16 autocast: the difference of two large terms would lose the frame's detail
+        with torch.autocast(x.device.type, enabled=False):
+            w = self.weight.float() * (1.0 / 255.0)
+            out = self._conv_forward(x.float(), w, None if self.bias is None else self.bias.float())
+            medians = frame_medians(x, self.median_by_sort).float()
+            return out - torch.einsum("nc,cohw->nohw", medians, self._response_to_ones(w, x.shape[-2:]))
+
+    def _response_to_ones(self, w: torch.Tensor, size: torch.Size) -> torch.Tensor:
+        """[C, O, H', W']: conv(w, e_c) with no bias for a frame of ones in channel c alone; [C, O, 1, 1]
+        without padding, where it is the same at every position."""
+        channels = w.shape[1]
+        if all(p == 0 for p in self.padding):
+            return w.sum((2, 3)).T[..., None, None]
+        ones = torch.eye(channels, dtype=w.dtype, device=w.device)[:, :, None, None].expand(channels, channels, *size)
+        return self._conv_forward(ones, w, None)
+
+
 class _ConvTorso(nn.Module):
-    """Convolutions, then fc `hidden` + ReLU.
+    """Convolutions, then fc `hidden` + ReLU. The first convolution is a FrameConv2d: the torso reads uint8
+    frames as they are stored.
 
     With channels_last the convolutions run in oneDNN's NHWC layout: measured on a 2-core CPU, the
     small torso's training step is ~10-20% faster, but batch-16 inference is ~40% slower, so the
@@ -33,6 +86,7 @@ class _ConvTorso(nn.Module):
         self.memory_format = torch.contiguous_format
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # uint8 frames are laid out before FrameConv2d reads them, so its float copy is the only big one
         return self.fc(self.convs(x.contiguous(memory_format=self.memory_format)))
 
 
@@ -40,7 +94,7 @@ class SmallTorso(_ConvTorso):
     """IMPALA shallow net: conv 16@8x8/4, conv 32@4x4/2, fc 256 (about 1.2M params with the LSTM)."""
 
     def __init__(self, obs_shape: tuple[int, ...], hidden: int) -> None:
-        convs = nn.Sequential(nn.Conv2d(obs_shape[0], 16, 8, stride=4), nn.ReLU(),
+        convs = nn.Sequential(FrameConv2d(obs_shape[0], 16, 8, stride=4), nn.ReLU(),
                               nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(), nn.Flatten())
         super().__init__(convs, obs_shape, hidden)
 
@@ -50,7 +104,7 @@ class MinAtarTorso(_ConvTorso):
     without its output layer."""
 
     def __init__(self, obs_shape: tuple[int, ...], hidden: int) -> None:
-        super().__init__(nn.Sequential(nn.Conv2d(obs_shape[0], 16, 3), nn.ReLU(), nn.Flatten()), obs_shape, hidden)
+        super().__init__(nn.Sequential(FrameConv2d(obs_shape[0], 16, 3), nn.ReLU(), nn.Flatten()), obs_shape, hidden)
 
 
 class _ResBlock(nn.Module):
@@ -71,7 +125,8 @@ class DeepTorso(_ConvTorso):
         layers: list[nn.Module] = []
         c_in = obs_shape[0]
         for c_out in (16, 32, 32):
-            layers += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
+            conv = nn.Conv2d if layers else FrameConv2d
+            layers += [conv(c_in, c_out, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
                        _ResBlock(c_out), _ResBlock(c_out)]
             c_in = c_out
         super().__init__(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), obs_shape, hidden)
@@ -234,7 +289,9 @@ class LBCNet(nn.Module):
             raise ValueError(f"unknown init {init!r}")
         self.init = init
         self.centre_frames = centre_frames
-        self.median_by_sort = False   # lbc.export sets it: ONNX has no median
+        self.median_by_sort = False   # lbc.export sets it (set_median_by_sort): ONNX has no median
+        if isinstance(self.torso, _ConvTorso):
+            self.torso.convs[0].centre = centre_frames
         if init == "orthogonal":
             init_relu_layers(self.torso)
         if core == "feedforward":
@@ -252,19 +309,20 @@ class LBCNet(nn.Module):
             self.torso.convs.to(memory_format=self.torso.memory_format)
         return self
 
+    def set_median_by_sort(self, enabled: bool) -> None:
+        """Frame centring reads the median off a full sort (ONNX has no median; lbc.export) or torch.median."""
+        self.median_by_sort = enabled
+        if isinstance(self.torso, _ConvTorso):
+            self.torso.convs[0].median_by_sort = enabled
+
     def _torso_input(self, frames: torch.Tensor) -> torch.Tensor:
-        """uint8 frames [M, C, H, W] to the torso's float input in [0, 1], or with centre_frames each frame
-        less its median in [-1, 1]."""
-        if not frames.dtype == torch.uint8:    # vector observations go in as they come
+        """What the torso is given for observations [M, ...]: a convolutional torso reads uint8 frames itself
+        (FrameConv2d), other torsos get pixels_to_input's floats; vector observations go in as they come."""
+        if frames.dtype != torch.uint8:
             return frames.float()
-        if isinstance(self.torso, _ConvTorso):   # lay out the uint8 frames, so the float copy is the only big one
-            frames = frames.contiguous(memory_format=self.torso.memory_format)
-        x = frames.float()
-        if self.centre_frames:
-            # [M, C]: the background's grey, from every 4th pixel each way (16x faster than all, same on Atari)
-            median = lower_median(frames[..., ::4, ::4].flatten(2), self.median_by_sort)
-            x.sub_(median.float()[..., None, None])
-        return x.div_(255.0)
+        if isinstance(self.torso, _ConvTorso):
+            return frames
+        return pixels_to_input(frames, self.centre_frames, self.median_by_sort)
 
     def torso_dead_units(self, frames: torch.Tensor) -> dict[str, float]:
         """dead_units of the torso on uint8 frames [M, *obs_shape]."""
