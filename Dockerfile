@@ -14,12 +14,14 @@ FROM ${BASE}
 COPY --from=build /opt/lbc /opt/lbc
 RUN groupadd --gid 10001 lbc \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin lbc
-# Pods run with a read-only root filesystem: nothing writes outside /tmp and /data.
+# Pods run with a read-only root filesystem: nothing writes outside /tmp and /data. The environment's
+# defaults are lbc.launch's SERVICE_ENV_DEFAULTS (huge pages for malloc's large blocks: docs/speed.md).
 ENV PATH=/opt/lbc/bin:/usr/local/bin:/usr/bin:/bin \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
     OMP_WAIT_POLICY=PASSIVE \
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 \
     LBC_RUN_DIR=/data/run
 USER 10001:10001
 WORKDIR /tmp

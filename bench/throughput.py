@@ -39,6 +39,7 @@ from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import PRESETS, Config, load_config
 from lbc.devices import pick_device
 from lbc.envs import make_envs
+from lbc.launch import SERVICE_ENV_DEFAULTS
 from lbc.nets import build_agent, policy_net
 from lbc.psi import Psi
 from lbc.sequences import sequence_layout
@@ -304,6 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> int:
     args = build_parser().parse_args()
+    if any(name not in os.environ for name in SERVICE_ENV_DEFAULTS):
+        # glibc reads its tunables at start: run again as the launcher starts a service, so the stages
+        # measured in this process allocate as the services do
+        env = {**SERVICE_ENV_DEFAULTS, **os.environ}
+        os.execve(sys.executable, [sys.executable, "-m", "bench.throughput", *sys.argv[1:]], env)
     apply_machine_defaults(args, torch.cuda.is_available())
 
     cfg = load_config(args.preset, [f"env.game={args.game}", *args.overrides])
@@ -312,6 +318,8 @@ def main() -> int:
     print(f"machine: {platform.processor() or platform.machine()}, {args.cores} cores, torch {torch.__version__}; "
           f"preset {args.preset}, game {args.game}, {cfg.env.num_envs} envs/actor, batch {cfg.learner.batch_size} x "
           f"{cfg.sequence.length} (+{cfg.sequence.burn_in} burn-in), replay ratio {cfg.replay.replay_ratio}",
+          flush=True)
+    print("process environment: " + ", ".join(f"{name}={os.environ[name]}" for name in sorted(SERVICE_ENV_DEFAULTS)),
           flush=True)
     env = env_rate(cfg, args.stage_seconds)
     print(f"environment alone (1 core): {env:10,.0f} agent steps/s ({env * frame_skip:,.0f} frames/s)",

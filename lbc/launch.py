@@ -35,6 +35,13 @@ from lbc.scores import human_normalised
 from lbc.service import LAUNCHER_PID_VAR
 from lbc.tensorboard import TensorBoardLog
 
+# What every service process gets unless the caller's environment sets it (the image sets the same):
+# - idle OpenMP threads sleep instead of spinning: the services share the machine's cores;
+# - glibc's malloc asks for transparent huge pages for its large blocks (glibc 2.35+, THP in madvise or
+#   always mode; elsewhere it does nothing). A learner step allocates tens of MB of fresh tensors, and
+#   faulting them in 4 KiB pages cost the 2-core `cpu` learner 15-30% of its step (docs/speed.md).
+SERVICE_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+
 MAX_RESTARTS = 5          # within RESTART_WINDOW_S; more means something is wrong, not transient
 RESTART_WINDOW_S = 120.0
 QUICK_FAILURE_S = 30.0    # a service that fails this soon after starting, twice alike, will not get better
@@ -54,9 +61,7 @@ class Child:
         self.started_at = time.monotonic()
         argv = self.argv + (["--resume"] if resume and self.name == "learner" else [])
         log = self.log_path.open("ab")
-        # Idle OpenMP threads sleep instead of spinning: the services share the machine's cores.
-        env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-               LAUNCHER_PID_VAR: str(os.getpid())}
+        env = {**SERVICE_ENV_DEFAULTS, **os.environ, LAUNCHER_PID_VAR: str(os.getpid())}
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         log.close()
 

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from lbc import dashboard
+from lbc.launch import SERVICE_ENV_DEFAULTS
 from tests.deploy.manifests import by_kind, config_env, container_env, render, workloads
 from tests.deploy.test_rules import RULE, write_rules
 from tests.support import Service, free_port, metric, port_is_free, wait_for, wait_healthy
@@ -57,7 +58,7 @@ def _local_env(env: dict[str, str], mounts: dict[str, Path], home: Path) -> dict
                 val = str(local) + val[len(mount):]
         out[key] = val
     base = {"PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "HOME": str(home),
-            "OMP_WAIT_POLICY": "PASSIVE", "PYTHONDONTWRITEBYTECODE": "1"}
+            **SERVICE_ENV_DEFAULTS, "PYTHONDONTWRITEBYTECODE": "1"}   # the image's ENV
     return {**base, **out, **TEST_ENV}
 
 
