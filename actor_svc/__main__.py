@@ -29,6 +29,7 @@ from lbc.service import (
     Backoff,
     base_parser,
     config_from_args,
+    exit_service,
     grpc_bind_address,
     grpc_server,
     listen_address,
@@ -207,4 +208,4 @@ def evaluate(cfg: Config, stop: threading.Event) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_service(main())

@@ -16,6 +16,7 @@ from lbc.security import server_credentials_of
 from lbc.service import (
     base_parser,
     config_from_args,
+    exit_service,
     grpc_server,
     listen_address,
     set_serving,
@@ -116,4 +117,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_service(main())

@@ -94,7 +94,10 @@ def decode(frames: Sequence[object], *, max_bytes: int, expected_kind: str | Non
         if buf.nbytes != expected:
             raise CodecError(f"array {spec.name[:40]!r}: {buf.nbytes} bytes for shape {list(spec.shape)} "
                              f"{spec.dtype} (needs {expected})")
-        arr = np.frombuffer(buf, dtype=dtype).reshape(tuple(spec.shape))
+        try:
+            arr = np.frombuffer(buf, dtype=dtype).reshape(tuple(spec.shape))
+        except ValueError:   # an empty array whose other dimensions multiply past what numpy indexes
+            raise CodecError(f"array {spec.name[:40]!r}: shape {list(spec.shape)} is beyond numpy's sizes") from None
         if dtype == np.bool_ and arr.size and arr.view(np.uint8).max() > 1:
             raise CodecError(f"array {spec.name[:40]!r}: bool bytes other than 0 and 1")
         arrays[spec.name] = arr

@@ -21,6 +21,7 @@ from lbc.security import server_credentials_of
 from lbc.service import (
     base_parser,
     config_from_args,
+    exit_service,
     grpc_server,
     listen_address,
     set_serving,
@@ -244,4 +245,4 @@ def follow(cfg: Config, args: argparse.Namespace, stop: threading.Event, log: lo
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_service(main())

@@ -21,6 +21,7 @@ from lbc.sequences import sequence_layout, stack, validate_sequence
 from lbc.service import (
     base_parser,
     config_from_args,
+    exit_service,
     grpc_server,
     listen_address,
     set_serving,
@@ -257,4 +258,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_service(main())
