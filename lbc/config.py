@@ -206,6 +206,9 @@ class LearnerConfig(_Section):
                                "temperature), softmax(tau_i A_i) with the episode's tau_i (DiCE), or the episode's "
                                "whole behaviour mixture for every policy (GDI)")
     centre_q: bool = Field(False, description="Q = V + A - E_pi[A] (GDI) instead of Q = V + A (LBC)")
+    target_update_every: int = Field(0, ge=0, description="learner steps between copies of the network into a "
+                                     "target network whose V and Q the V-trace and Retrace targets bootstrap from "
+                                     "(DQN, R2D2); 0: none, the online network's own (LBC App. F)")
     standardise_advantages: bool = Field(False, description="policy gradient on the batch's advantages less their "
                                          "mean, over their std, per policy (PPO's normalisation)")
     min_target_tau: float = Field(0.05, gt=0.0, description="floor on tau_i in the target policy")

@@ -219,6 +219,8 @@ def lbc_policy_loss(
     standardise_advantages: bool = False,
     truncated: torch.Tensor | None = None,
     truncation_values: torch.Tensor | None = None,
+    target_adv: torch.Tensor | None = None,
+    target_value: torch.Tensor | None = None,
 ) -> PolicyLoss:
     """Losses of LBC's policies (App. F, Algorithm 2) over one learning window.
 
@@ -242,31 +244,44 @@ def lbc_policy_loss(
     cap bootstrap V-trace from V_i of the cut episode's last state, and Retrace from the same value (exact
     for E_pi Q with centre_q; without it E_pi Q = V + E_pi A, of which the actor knows only V); there
     discounts are gamma_i, not 0.
+    target_adv [T+1, B, ..., A] and target_value [T+1, B, ...] (optional, both or neither): a target
+    network's outputs (theta^-, copied from the online network every so many steps: DQN, R2D2). V-trace's
+    and Retrace's targets are then built from its V and Q instead of the online network's detached ones;
+    the target policy pi (from log_pi), the values fitted and the policy gradient's V(x_s) stay online.
     """
     log_pi_fixed = log_pi.detach()
     pi = log_pi_fixed.exp()
     log_pi_taken = log_pi_fixed[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
     log_rhos = log_pi_taken - torch.log(behaviour_prob.clamp_min(1e-8))
 
-    vt = vtrace(value[:-1].detach(), value[-1].detach(), rewards, discounts, log_rhos,
+    if (target_adv is None) != (target_value is None):
+        raise ValueError("target_adv and target_value come together (one target network)")
+    bootstrap_value = (value if target_value is None else target_value).detach()
+    vt = vtrace(bootstrap_value[:-1], bootstrap_value[-1], rewards, discounts, log_rhos,
                 rho_bar=scales.rho_bar, c_bar=scales.c_bar, pg_rho_bar=scales.rho_bar, lam=scales.lam,
                 truncated=truncated, truncation_values=truncation_values)
     v_loss = 0.5 * (vt.vs - value[:-1]).pow(2)
 
-    if centre_q:
-        adv = adv - (pi * adv).sum(-1, keepdim=True)
-    q = value.unsqueeze(-1) + adv                               # [T+1, B, A]
-    q_detached = q.detach()
+    def as_q(v: torch.Tensor, a: torch.Tensor) -> torch.Tensor:   # [T+1, B, A]
+        return v.unsqueeze(-1) + (a - (pi * a).sum(-1, keepdim=True) if centre_q else a)
+
+    q = as_q(value, adv)
+    q_bootstrap = (q if target_adv is None else as_q(target_value, target_adv)).detach()
     q_taken = q[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-    expected_next = (pi[1:] * q_detached[1:]).sum(-1)           # E_pi Q(x_{t+1}, .)
+    expected_next = (pi[1:] * q_bootstrap[1:]).sum(-1)          # E_pi Q(x_{t+1}, .)
     if truncated is not None:
         expected_next = torch.where(truncated, truncation_values, expected_next)
     traces = scales.lam * torch.clamp(log_rhos.exp(), max=scales.c_bar)
-    q_targets = retrace_targets(q_taken.detach(), expected_next, rewards, discounts, traces, truncated)
+    q_taken_bootstrap = q_bootstrap[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    q_targets = retrace_targets(q_taken_bootstrap, expected_next, rewards, discounts, traces, truncated)
     q_loss = 0.5 * (q_targets - q_taken).pow(2)
 
     log_pi_action = log_pi[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-    pg_advantages = standardise(vt.pg_advantages) if standardise_advantages else vt.pg_advantages
+    pg_advantages = vt.pg_advantages
+    if target_value is not None:   # the policy gradient's baseline is the online V(x_s)
+        pg_rhos = torch.clamp(log_rhos.exp(), max=scales.rho_bar)
+        pg_advantages = pg_advantages + pg_rhos * (bootstrap_value[:-1] - value[:-1].detach())
+    pg_advantages = standardise(pg_advantages) if standardise_advantages else pg_advantages
     pi_loss = -log_pi_action * pg_advantages
     if pg_scale is not None:
         pi_loss = pi_loss * pg_scale

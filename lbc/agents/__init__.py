@@ -37,4 +37,4 @@ def make_loss(cfg: Config, agent: torch.nn.Module, device: torch.device) -> Loss
     """The family's learner loss for the model within `agent` (on `device`)."""
     if family_of(cfg) == "ngu":
         return NguLoss(cfg, policy_net(agent), agent.aux, device)
-    return LbcLoss(cfg, device)
+    return LbcLoss(cfg, policy_net(agent), device)

@@ -10,6 +10,8 @@ GDI: the episode's whole mixture), lbc.losses.lbc_policy_loss.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 
@@ -54,9 +56,12 @@ class LbcActing:
 class LbcLoss:
     TERMS = ("v", "q", "pi", "entropy")
 
-    def __init__(self, cfg: Config, device: torch.device) -> None:
+    def __init__(self, cfg: Config, model: LBCNet, device: torch.device) -> None:
         self.cfg = cfg
         lc = cfg.learner
+        self.model = model
+        # theta^-, copied from the model every learner.target_update_every steps (None: bootstrap online)
+        self.target = copy.deepcopy(model).requires_grad_(False) if lc.target_update_every else None
         self.scales = LossScales(v=lc.v_loss_scale, q=lc.q_loss_scale, pi=lc.pi_loss_scale,
                                  entropy=lc.entropy_cost, rho_bar=lc.rho_bar, c_bar=lc.c_bar, lam=lc.trace_lambda)
         self.shaping = [REWARD_SHAPING[p.reward_shaping] for p in cfg.policies]
@@ -83,16 +88,22 @@ class LbcLoss:
         mixture = log_boltzmann_mixture(adv[:, :, self.components], *split_psi(psi, k))
         return mixture.unsqueeze(2).expand_as(adv), None
 
+    def unroll(self, net: LBCNet, b: dict[str, torch.Tensor], grad: bool) -> NetOutput:
+        """The network's outputs over the learning steps, after burn-in from the stored LSTM state."""
+        burn = self.cfg.sequence.burn_in
+        inputs = (b["obs"], b["prev_action"].long(), b["prev_reward"], b["reset"])
+        state = (b["h0"], b["c0"])
+        if burn > 0:
+            with torch.no_grad():
+                state = net(*(x[:burn] for x in inputs), state).state
+        with torch.set_grad_enabled(grad):
+            return net(*(x[burn:] for x in inputs), state)
+
     def __call__(self, model: LBCNet, b: dict[str, torch.Tensor]) -> LossOutput:
         lc = self.cfg.learner
         burn = self.cfg.sequence.burn_in
-        state = (b["h0"], b["c0"])
-        obs, prev_action, prev_reward, reset = (b[k] for k in ("obs", "prev_action", "prev_reward", "reset"))
-        prev_action = prev_action.long()
-        if burn > 0:
-            with torch.no_grad():
-                state = model(obs[:burn], prev_action[:burn], prev_reward[:burn], reset[:burn], state).state
-        out = model(obs[burn:], prev_action[burn:], prev_reward[burn:], reset[burn:], state)
+        out = self.unroll(model, b, grad=True)
+        target = self.unroll(self.target, b, grad=False) if self.target is not None else None
 
         # all N policies in one loss call: the policy axis is a trailing batch axis
         actions = b["action"][burn:].long()
@@ -107,7 +118,9 @@ class LbcLoss:
             torch.stack([shape(b["reward"][burn:]) for shape in self.shaping], dim=-1),
             not_terminal.unsqueeze(-1) * self.gammas, self.scales, pg_scale=pg_scale, weights=b.get("weight"),
             centre_q=lc.centre_q, standardise_advantages=lc.standardise_advantages,
-            truncated=truncated.unsqueeze(-1).expand(per_policy_steps), truncation_values=b["bootstrap"][burn:])
+            truncated=truncated.unsqueeze(-1).expand(per_policy_steps), truncation_values=b["bootstrap"][burn:],
+            target_adv=target.adv if target is not None else None,
+            target_value=target.value if target is not None else None)
         terms = torch.stack([loss.v, loss.q, loss.pi, loss.entropy], dim=-1).detach()
         priorities = sequence_priorities(loss.abs_td, self.cfg.replay.priority_eta).max(-1).values
         return LossOutput(loss.total, terms, priorities)
@@ -119,7 +132,8 @@ class LbcLoss:
         return []
 
     def checkpointed(self) -> dict[str, torch.nn.Module]:
-        return {}
+        return {"target": self.target} if self.target is not None else {}
 
     def after_step(self, step: int) -> None:
-        pass
+        if self.target is not None and step % self.cfg.learner.target_update_every == 0:
+            self.target.load_state_dict(self.model.state_dict())

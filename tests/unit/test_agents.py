@@ -107,7 +107,7 @@ def test_target_policy_temperature_and_gradient_scale(target_policy):
     """pi_i = softmax(beta A_i) with beta 1 (LBC), target_tau (one for every episode) or the episode's tau_i
     (DiCE); the policy gradient is scaled by 1/beta, so its step in A is the same at every beta."""
     cfg = _catch("cpu", {"learner": {"target_policy": target_policy, "target_tau": 8.0}})
-    loss = LbcLoss(cfg, torch.device("cpu"))
+    loss = make_loss(cfg, _agent(cfg), torch.device("cpu"))
     t, b, n, a = 5, 3, cfg.num_policies, 3
     gen = torch.Generator().manual_seed(0)
     adv = torch.randn(t + 1, b, n, a, generator=gen)

@@ -56,17 +56,25 @@ def test_temperature_scaled_gradient_is_advantage_times_e_a_minus_pi(tau: float)
     pi /= pi.sum(-1, keepdims=True)
     acts, mu = x["actions"].numpy(), x["behaviour_prob"].numpy()
     v, r, disc = x["value"].numpy(), x["rewards"].numpy(), x["discounts"].numpy()
-    rho = np.take_along_axis(pi[:-1], acts[..., None], -1)[..., 0] / mu
-    clipped = np.minimum(rho, 1.05)
-    vs = np.zeros((T + 1, B))
-    vs[T] = v[T]
-    for t in reversed(range(T)):
-        vs[t] = v[t] + clipped[t] * (r[t] + disc[t] * v[t + 1] - v[t]) + disc[t] * clipped[t] * (vs[t + 1] - v[t + 1])
+    vs, clipped = _vtrace_numpy(v, pi, acts, mu, r, disc, 1.05)
     pg_adv = clipped * (r + disc * vs[1:] - v[:-1])
     onehot = np.eye(A)[acts]
     expected = np.zeros_like(a)
     expected[:-1] = -(pg_adv[..., None] * (onehot - pi[:-1])) / (T * B)
     np.testing.assert_allclose(adv.grad.numpy(), expected, rtol=1e-4, atol=1e-6)
+
+
+def _vtrace_numpy(v, pi, actions, mu, rewards, discounts, bar):
+    """IMPALA eq. (1) by a plain loop, rho_bar = c_bar = bar, lambda 1: v_s [T+1] (v_T = V(x_T)) and the
+    clipped rho_s."""
+    steps = actions.shape[0]
+    clipped = np.minimum(np.take_along_axis(pi[:-1], actions[..., None], -1)[..., 0] / mu, bar)
+    vs = np.zeros_like(v)
+    vs[steps] = v[steps]
+    for t in reversed(range(steps)):
+        vs[t] = (v[t] + clipped[t] * (rewards[t] + discounts[t] * v[t + 1] - v[t])
+                 + discounts[t] * clipped[t] * (vs[t + 1] - v[t + 1]))
+    return vs, clipped
 
 
 def test_temperature_sets_the_evaluated_policy() -> None:
@@ -173,3 +181,39 @@ def test_standardised_advantages_ignore_the_reward_scale_per_policy() -> None:
     both = _logit_grad(two, standardise_advantages=True)
     torch.testing.assert_close(both[:, :, 0], base, rtol=1e-3, atol=1e-6)
     torch.testing.assert_close(both[:, :, 1], base, rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("centre", [False, True])
+def test_targets_bootstrap_from_the_target_network(centre: bool) -> None:
+    """With a target network (theta^-), V-trace's v_s and Retrace's G_t are built from its V and Q; the values
+    fitted, the target policy and the policy gradient's baseline V(x_s) stay the online network's."""
+    x = inputs(8)
+    g = torch.Generator().manual_seed(9)
+    target_adv, target_value = torch.randn(T + 1, B, A, generator=g), torch.randn(T + 1, B, generator=g)
+    mix = torch.softmax(torch.randn(T + 1, B, A, generator=g), -1)
+    scales = LossScales(v=1.0, q=1.0, pi=1.0, entropy=0.0, rho_bar=1.05, c_bar=1.05, lam=1.0)
+    out = lbc_policy_loss(**x, log_pi=mix.log(), scales=scales, centre_q=centre, target_adv=target_adv,
+                          target_value=target_value)
+
+    pi = mix.numpy().astype(np.float64)
+    acts, mu = x["actions"].numpy(), x["behaviour_prob"].numpy()
+    r, disc = x["rewards"].numpy(), x["discounts"].numpy()
+    v, tv = x["value"].numpy().astype(np.float64), target_value.numpy().astype(np.float64)
+
+    def q_of(values: np.ndarray, adv: np.ndarray) -> np.ndarray:
+        return values[..., None] + (adv - (pi * adv).sum(-1, keepdims=True) if centre else adv)
+
+    g_ret, _ = _retrace_numpy(q_of(tv, target_adv.numpy()), pi, acts, mu, r, disc, 1.05)
+    q_online = np.take_along_axis(q_of(v, x["adv"].numpy())[:-1], acts[..., None], -1)[..., 0]
+    assert float(out.q) == pytest.approx(float(np.mean(0.5 * (g_ret - q_online) ** 2)), rel=1e-4)
+    vs, clipped = _vtrace_numpy(tv, pi, acts, mu, r, disc, 1.05)
+    assert float(out.v) == pytest.approx(float(np.mean(0.5 * (vs[:-1] - v[:-1]) ** 2)), rel=1e-4)
+    log_pi_taken = np.log(np.take_along_axis(pi[:-1], acts[..., None], -1)[..., 0])
+    pg_adv = clipped * (r + disc * vs[1:] - v[:-1])
+    assert float(out.pi) == pytest.approx(float(np.mean(-log_pi_taken * pg_adv)), rel=1e-4)
+    # the online network's own values as the target: the loss without one
+    same = lbc_policy_loss(**x, log_pi=mix.log(), scales=scales, centre_q=centre, target_adv=x["adv"],
+                           target_value=x["value"])
+    plain = lbc_policy_loss(**x, log_pi=mix.log(), scales=scales, centre_q=centre)
+    for term in ("total", "v", "q", "pi"):
+        assert torch.allclose(getattr(same, term), getattr(plain, term)), term

@@ -228,3 +228,30 @@ def test_the_lbc_loss_bootstraps_cut_episodes_from_the_recorded_value():
 
     assert v_term(False, 0.0) == v_term(False, 50.0)          # a real end: nothing to bootstrap
     assert v_term(True, 50.0) > v_term(True, 0.0) + 1.0       # a cut: the target follows V(x_last)
+
+
+def test_lbc_target_network_is_copied_every_period_and_sets_the_targets():
+    """learner.target_update_every: a frozen copy of the model, synced after every n-th step and kept in
+    checkpoints; with it the step's loss differs from the one that bootstraps from the model itself."""
+    cfg = load_config("catch", ["learner.warmup_steps=0", "learner.target_update_every=3"])
+    trainer = Trainer(cfg)
+    batch = _batch(cfg, np.random.default_rng(2))
+    target = trainer.loss.target
+    assert trainer.checkpointed_modules() == {"target": target}
+    assert not any(p.requires_grad for p in target.parameters())
+
+    def same() -> bool:
+        return all(torch.equal(a, b) for a, b in zip(trainer.model.parameters(), target.parameters(), strict=True))
+
+    assert same()
+    trainer.train_step(batch)
+    trainer.train_step(batch)
+    assert not same()
+    # the same step from the same state, bootstrapping from the model instead of the stale target
+    plain = Trainer(load_config("catch", ["learner.warmup_steps=0"]))
+    plain.model.load_state_dict(trainer.model.state_dict())
+    assert plain.checkpointed_modules() == {} and plain.loss.target is None
+    with torch.no_grad():
+        assert not torch.allclose(trainer._loss(batch).terms, plain._loss(batch).terms)
+    trainer.train_step(batch)
+    assert same()
