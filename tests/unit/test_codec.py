@@ -129,7 +129,8 @@ def _with(seq, name, value):
     ("prev_reward", -1e20, "prev_reward not finite"),
     ("psi", 1e9, "tau outside"),
     ("psi", -0.5, "tau outside"),
-    ("bootstrap", 1e7, "bootstrap not finite or beyond 6.6"),   # cpu: rs1(1e6) / (1 - 0.997)
+    # cpu: max_i |RS_i(1e6)| / (1 - 0.99) = (sqrt(1e6 + 1) - 1 + 1e-3 * 1e6) / 0.01 = 1,999 / 0.01 (rs1)
+    ("bootstrap", 1e7, "bootstrap not finite or beyond 199900,"),
     ("bootstrap", np.inf, "bootstrap not finite"),
     ("done", False, "truncated where the episode did not end"),   # every step is marked truncated here
 ])

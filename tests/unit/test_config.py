@@ -21,6 +21,13 @@ def test_lbc_bm_has_paper_values():
     assert cfg.behaviour.tau_accuracy == 0.2 and cfg.behaviour.omega_accuracy == 0.1
 
 
+def test_cpu_keeps_lbcs_reward_shapes_with_a_discount_of_0_99():
+    """docs/decisions.md 51: only the discounts differ from LBC Table 3, and only in `cpu`."""
+    cfg = load_config("cpu")
+    assert [(p.gamma, p.reward_shaping) for p in cfg.policies] == [(0.99, "rs1"), (0.99, "rs2"), (0.99, "rs3")]
+    assert [p.gamma for p in load_config("lbc-reduce-h-psi").policies] == [0.997]
+
+
 def test_precedence_override_over_environment_over_preset(monkeypatch):
     monkeypatch.setenv("LBC_LEARNER__BATCH_SIZE", "8")
     monkeypatch.setenv("LBC_ENV__GAME", "breakout")
@@ -84,7 +91,7 @@ def test_presets_are_algorithms_over_sizings():
     sized = set(PAPER_SIZING) | set(CPU_SIZING) | set(LBC_CPU_TRAINING)
     assert {k: v for k, v in paper.items() if k not in sized | {"preset"}} == \
         {k: v for k, v in cpu.items() if k not in sized | {"preset"}}
-    assert paper["policies"] == cpu["policies"]
+    assert [p["reward_shaping"] for p in paper["policies"]] == [p["reward_shaping"] for p in cpu["policies"]]
     assert paper["learner"]["learning_rate"] == LBC["learner"]["learning_rate"]
     assert cpu["learner"]["learning_rate"] == LBC_CPU_TRAINING["learner"]["learning_rate"]
     assert cpu["learner"]["target_policy"] == "behaviour_temperature" and cpu["net"]["centre_frames"]
