@@ -26,9 +26,9 @@ help:
 	@echo "             (ARGS: launcher flags, e.g. --resume, --overwrite, --port-base 41000, --duration 1800;"
 	@echo "              all of them: .venv/bin/python -m lbc.launch --help)"
 	@echo "make curve   a learning run for FRAMES=$(FRAMES) emulator frames, then its plot and table (lbc report)"
-	@echo "make test    lint and the test suite CI runs (about 17 minutes on two cores)"
+	@echo "make test    lint and the test suite CI runs (about 18 minutes on two cores)"
 	@echo "make test-fast  lint and the unit tests not marked slow (about a minute): the inner loop"
-	@echo "make test-extended  the preset learning runs that make test leaves out (decision 47; about seven minutes)"
+	@echo "make test-extended  the preset learning runs that make test leaves out (decision 47; about eight minutes)"
 	@echo "make bench   throughput of the whole system and of each stage"
 	@echo "make soak    MINUTES=$(MINUTES) of Catch, each service's memory growth in MB/min"
 	@echo "make image   the container image (VARIANT=cpu|gpu); kubectl apply -k k8s/ deploys it"
@@ -70,7 +70,7 @@ test: install test-tools
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -m "not extended" tests
 
-# Preset learning runs whose code the runs in make test already cover (docs/decisions.md 47): about seven minutes.
+# Preset learning runs whose code the runs in make test already cover (docs/decisions.md 47): about eight minutes.
 test-extended: install
 	$(PY) -m pytest -q -m extended tests
 

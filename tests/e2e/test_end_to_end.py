@@ -119,7 +119,13 @@ def test_ngu_learns_catch(tmp_path, preset):
 # dice-random, lbc-random and lbc-reduce-h in make test-extended, decision 47).
 SMOKE_COVERED_ELSEWHERE = {"cpu", "catch", "paper", "impala-cpu", "dice-random", "lbc-random", "lbc-reduce-h",
                            "minatar", "impala-minatar"}   # MinAtar, not Atari: test_minatar_beats_random_play
-SMOKE_PRESETS = sorted(set(PRESETS) - SMOKE_COVERED_ELSEWHERE)
+# extended (make test-extended, decision 47): presets whose Atari smoke repeats code another CI smoke takes on
+# Atari, their own parts running end to end in CI on Catch or in a smoke: dice-fixed (dice's losses, impala's
+# fixed-temperature acting), gdi-i3 (gdi-h3's mixture on one head), lbc-reduce-h-psi (cpu's nets with one
+# policy, psi = tau; its Catch run is in CI)
+SMOKE_EXTENDED = {"dice-fixed", "gdi-i3", "lbc-reduce-h-psi"}
+SMOKE_PRESETS = [pytest.param(p, marks=EXTENDED) if p in SMOKE_EXTENDED else p
+                 for p in sorted(set(PRESETS) - SMOKE_COVERED_ELSEWHERE)]
 SMOKE_SIZING = {"env": {"num_envs": 4, "max_episode_frames": 400}, "sequence": {"burn_in": 5, "length": 10},
                 "replay": {"min_sequences": 8, "capacity_sequences": 64},
                 "learner": {"batch_size": 4, "push_every": 1, "checkpoint_every": 1000},
