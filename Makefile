@@ -53,11 +53,13 @@ $(PROTO_OUT): proto/lbcproto/lbc.proto $(STAMP)
 run: install
 	$(PY) -m lbc.launch --preset $(PRESET) --game $(GAME) --actors $(ACTORS) --name $(NAME) $(ARGS)
 
-# A learning curve: the whole system (with its evaluator) for FRAMES emulator frames, then the report
-# (runs/curve-PRESET-GAME.png and .md beside the run folder).
+# A learning curve: the whole system (with its evaluator) for FRAMES emulator frames, the final checkpoint
+# evaluated as the evaluator does (the score at the budget), then the report (runs/curve-PRESET-GAME.png
+# and .md beside the run folder).
 curve: install
 	$(PY) -m lbc.launch --preset $(PRESET) --game $(GAME) --actors $(ACTORS) --name curve-$(NAME) \
 	  --until-frames $(FRAMES) $(ARGS)
+	$(VENV)/bin/lbc evaluate runs/curve-$(NAME)
 	$(VENV)/bin/lbc report runs/curve-$(NAME) --name curve-$(NAME)
 
 # Tools the deployment tests run for real: Prometheus/promtool (Debian) and kubectl with kustomize.

@@ -109,6 +109,24 @@ def play(cfg: Config, net: torch.nn.Module, envs: VectorEnvs, episodes: int, see
     return quota.all_scores(), steps
 
 
+def evaluation_record(cfg: Config, version: int, policy: str, scores: list[float], steps: int,
+                      seconds: float) -> dict:
+    """One line of eval.jsonl: the version played, the protocol it was played under and the scores'
+    summary (lbc.scores.summarise). `frames` are the emulator frames the evaluation itself played."""
+    return {"time": time.time(), "version": version, "game": cfg.env.name, "policy": policy,
+            "epsilon": cfg.eval.epsilon if policy == "greedy" else None, "sticky_actions": cfg.eval.sticky_actions,
+            "repeat_action_probability": eval_env_config(cfg).repeat_action_probability,
+            "noop_max": cfg.env.noop_max, "max_episode_frames": cfg.env.max_episode_frames,
+            **summarise(cfg.env.name, scores), "scores": scores, "frames": steps * cfg.env.frames_per_step,
+            "seconds": seconds}
+
+
+def append_record(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
 def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
     """The evaluator's loop; returns when `stop` is set."""
     ec = cfg.eval
@@ -122,9 +140,7 @@ def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
     puller = ParamPuller(cfg, f"evaluator-{index}", agent)
     policy = evaluation_policy(cfg)
     generator = torch.Generator().manual_seed(ec.seed)
-    frame_skip = cfg.env.frames_per_step
     out_path = Path(cfg.run_dir) / "eval.jsonl"
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     log.info("evaluator up: %s, policy %s (eps %.3g), %d episodes on %d environments every %d versions, "
              "sticky actions %s; results in %s", game, policy, ec.epsilon, ec.episodes, ec.num_envs,
              ec.every_versions, ec.sticky_actions, out_path)
@@ -145,16 +161,11 @@ def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
         seconds = time.monotonic() - started
         rounds += 1
         last = version
-        record = {"time": time.time(), "version": version, "game": game, "policy": policy,
-                  "epsilon": ec.epsilon if policy == "greedy" else None, "sticky_actions": ec.sticky_actions,
-                  "repeat_action_probability": env_cfg.repeat_action_probability,
-                  "noop_max": cfg.env.noop_max, "max_episode_frames": cfg.env.max_episode_frames,
-                  **summarise(game, scores), "scores": scores, "frames": steps * frame_skip, "seconds": seconds}
-        with out_path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        record = evaluation_record(cfg, version, policy, scores, steps, seconds)
+        append_record(out_path, record)
         EVALS.inc()
         EVAL_EPISODES.inc(len(scores))
-        EVAL_FRAMES.inc(steps * frame_skip)
+        EVAL_FRAMES.inc(record["frames"])
         EVAL_VERSION.set(version)
         EVAL_SECONDS.set(seconds)
         for stat in ("mean", "median", "std"):

@@ -121,6 +121,20 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("--policy", choices=["greedy", "sample"], default=None,
                       help="evaluation policy (default: the run's eval.policy; see docs/decisions.md 28)")
 
+    evaluate = sub.add_parser("evaluate", help="score a checkpoint with the evaluator's protocol and append it to "
+                                               "the run's eval.jsonl (make curve: the score at the frame budget)",
+                              description="Loads a run's checkpoint (weights only) and plays eval.episodes whole games "
+                                          "on eval.num_envs environments as the evaluator does; the record goes to "
+                                          "RUN/eval.jsonl at the frames the checkpoint was written at, where lbc "
+                                          "report shows it.")
+    evaluate.add_argument("run", help="run folder, e.g. runs/cpu-breakout")
+    evaluate.add_argument("--version", type=int, default=None,
+                          help="parameter version of the checkpoint, among those kept (default: the newest)")
+    evaluate.add_argument("--episodes", type=int, default=None,
+                          help="games to play (default: the run's eval.episodes)")
+    evaluate.add_argument("--seed", type=int, default=None, help="seed of the games and draws (default: eval.seed)")
+    evaluate.add_argument("--no-record", action="store_true", help="print the scores without appending them")
+
     export = sub.add_parser("export", help="write a run's acting network as ONNX or TorchScript, with a JSON of its "
                                            "inputs, outputs, preprocessing and behaviour",
                             description="Loads a run's checkpoint (weights only) and writes its acting step: "
@@ -276,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         from lbc.export import export_cli
 
         return export_cli(args)
+    if args.command == "evaluate":
+        from lbc.evaluate import evaluate_cli
+
+        return evaluate_cli(args)
     if args.command == "play":
         from lbc.play import play_cli
 

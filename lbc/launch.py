@@ -31,6 +31,7 @@ from lbc.bandit import Discretisation
 from lbc.config import PRESETS, Config, endpoints_from_base, load_config, unknown_name
 from lbc.family import family_traits
 from lbc.preflight import PreflightError, check_game, check_ports, check_run_dir, local_ports
+from lbc.run_folder import last_record
 from lbc.scores import human_normalised
 from lbc.service import LAUNCHER_PID_VAR
 from lbc.tensorboard import TensorBoardLog
@@ -431,20 +432,6 @@ def supervise(args: argparse.Namespace, cfg: Config, name: str, game: str, run_d
                 break
     print("lbc: stopping services", flush=True)
     return exit_code
-
-
-def last_record(metrics_log: Path) -> dict | None:
-    """The last complete record of a run's metrics log (None for a run that never reported)."""
-    try:
-        lines = metrics_log.read_text().splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            return json.loads(line)
-        except json.JSONDecodeError:   # a line cut short by a crash
-            continue
-    return None
 
 
 def _untimed(line: str) -> str:

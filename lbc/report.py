@@ -3,8 +3,9 @@
 A run folder (`runs/<name>/`, written by the launcher) holds `config.json`, `metrics.jsonl` (one progress
 record every few seconds: frames, training return100, the published version, ...) and `eval.jsonl`
 (one record per evaluation, keyed by the parameter version it played). An evaluation is placed on the
-frame axis at the frames the actors had played when its version was first published, so that the
-evaluation curve and the training curve share one axis.
+frame axis at the frames the actors had played when its version was first published (an `lbc evaluate`
+of a checkpoint: when the checkpoint was written), so that the evaluation curve and the training curve
+share one axis.
 
 Over several games it prints the papers' aggregates of the final evaluation scores (mean and median
 HNS, HWRNS, SABER, the count of human world records broken) and, over runs and games, the IQM of the
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from lbc.config import EnvConfig
+from lbc.run_folder import read_jsonl
 from lbc.scores import aggregate, human_normalised, iqm_with_ci
 
 
@@ -52,20 +54,6 @@ class Run:
         return max(self.evals, key=lambda e: e["mean"]) if self.evals else None
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:   # a line cut short by a kill: the rest still counts
-                continue
-    return records
-
-
 def frames_at_version(metrics: list[dict], version: float) -> float | None:
     """Frames the actors had played when `version` was first seen published (None if never)."""
     for record in metrics:
@@ -77,7 +65,7 @@ def frames_at_version(metrics: list[dict], version: float) -> float | None:
 def load_run(path: Path) -> Run:
     """Read a run folder; raises ValueError when it holds no metrics log."""
     path = Path(path)
-    metrics = _read_jsonl(path / "metrics.jsonl")
+    metrics = read_jsonl(path / "metrics.jsonl")
     if not metrics:
         raise ValueError(f"{path}: no metrics.jsonl records (is it a run folder written by lbc.launch?)")
     config = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else {}
@@ -87,10 +75,14 @@ def load_run(path: Path) -> Run:
     except ValueError:   # a run written by an lbc whose settings differ: its game as recorded
         game = str(env.get("game", "?"))
     evals = []
-    for record in _read_jsonl(path / "eval.jsonl"):
-        frames = frames_at_version(metrics, record["version"])
+    for record in read_jsonl(path / "eval.jsonl"):
+        # `lbc evaluate` records the frames its checkpoint was written at; the evaluator's versions join
+        frames = record.get("run_frames")
+        if frames is None:
+            frames = frames_at_version(metrics, record["version"])
         if frames is not None:
             evals.append({**record, "frames": frames})
+    evals.sort(key=lambda e: e["frames"])   # a checkpoint evaluated during the run lands among the others
     game_sticky = float(env.get("repeat_action_probability", 0.0)) if env.get("kind", "atari") != "atari" else 0.0
     return Run(name=path.name, preset=config.get("preset", "?"), game=game, metrics=metrics, evals=evals,
                game_sticky=game_sticky)
@@ -167,8 +159,8 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
 def summary(runs: list[Run], png_name: str) -> str:
     """The markdown summary: one row per run, then the aggregates where there are several games or runs."""
     lines = ["# lbc report", "", f"![learning curves]({png_name})", "",
-             "| run | preset | game | frames | wall time | evaluations | final eval (mean ± std) | final HNS | "
-             "best eval (at frames) | eval protocol |",
+             "| run | preset | game | frames | wall time | evaluations | final eval (mean ± std, at frames) | "
+             "final HNS | best eval (at frames) | eval protocol |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         final, best = r.final_eval, r.best_eval
@@ -182,7 +174,8 @@ def summary(runs: list[Run], png_name: str) -> str:
                 else f"{policy}, {final.get('episodes', '?')} episodes, {noops}sticky no"
         lines.append(
             f"| {r.name} | {r.preset} | {r.game} | {r.frames / 1e6:.2f}M | {r.wall_s / 60:.0f} min | {len(r.evals)} | "
-            + (f"{final['mean']:.2f} ± {final['std']:.2f} | {_fmt(final.get('hns'), '.3f')} | "
+            + (f"{final['mean']:.2f} ± {final['std']:.2f} ({final['frames'] / 1e6:.2f}M) | "
+               f"{_fmt(final.get('hns'), '.3f')} | "
                f"{best['mean']:.2f} ({best['frames'] / 1e6:.2f}M) | " if final else "- | - | - | ")
             + f"{protocol} |")
     scored = [r for r in runs if r.final_eval and human_normalised(r.game, 0.0) is not None]

@@ -1,5 +1,6 @@
-"""Reading a finished or running run folder (`runs/<name>/`) from the tools that use its checkpoints
-(`lbc play`, `lbc export`): its configuration and one checkpoint, loaded without unpickling."""
+"""Reading a finished or running run folder (`runs/<name>/`) from the tools that use it (`lbc play`,
+`lbc evaluate`, `lbc export`, the launcher on --resume): its configuration, one checkpoint (loaded without
+unpickling) and the last progress record."""
 
 from __future__ import annotations
 
@@ -32,3 +33,26 @@ def find_checkpoint(run_dir: Path, version: int | None, tool: str = "play") -> t
             return path, state
         seen.append(int(state["version"]))
     raise SystemExit(f"lbc {tool}: no checkpoint of version {version} in {run_dir}; versions kept: {seen}")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The complete records of a run's JSON-lines log (metrics.jsonl, eval.jsonl); [] when it is missing.
+    A line cut short by a kill is skipped: the rest still counts."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def last_record(metrics_log: Path) -> dict | None:
+    """The last complete record of a run's metrics log (None for a run that never reported)."""
+    records = read_jsonl(metrics_log)
+    return records[-1] if records else None

@@ -2,7 +2,8 @@
 
 import json
 
-from lbc.launch import Progress, RunningTotal, last_record
+from lbc.launch import Progress, RunningTotal
+from lbc.run_folder import last_record
 
 
 def test_running_total_reads_a_drop_as_a_restart_and_a_silence_as_no_change():

@@ -165,6 +165,50 @@ def test_play_shows_a_minatar_board_and_takes_a_policy(tmp_path, capsys):
     assert "over 2 episode(s)" in capsys.readouterr().out
 
 
+def test_evaluate_scores_a_checkpoint_at_the_frames_it_was_written(tmp_path, capsys):
+    """`lbc evaluate` (make curve's last step) plays the evaluator's games on the newest checkpoint and appends
+    one record in the evaluator's form; `lbc report` places it at the frames the checkpoint was written at,
+    after the periodic evaluations, as the final one."""
+    import os
+
+    from lbc.evaluate import frames_when_written
+
+    run = tmp_path / "run"
+    cfg = load_config("catch", [f"run_dir={run}"])
+    run_folder_with_checkpoint(run, cfg, step=40, version=8)
+    checkpoint = next((run / "checkpoints").glob("ckpt-*.pt"))
+    os.utime(checkpoint, (1025.0, 1025.0))
+    with (run / "metrics.jsonl").open("w") as f:   # a record every 10 s; the checkpoint came at 1025 s
+        for i in range(5):
+            f.write(json.dumps({"time": 1000.0 + 10 * i, "frames": 1000.0 * i, "version": float(2 * i),
+                                "mean_return_100": 0.0, "learner_steps": 10.0 * i}) + "\n")
+    with (run / "eval.jsonl").open("w") as f:
+        f.write(json.dumps({"version": 2, "mean": -0.5, "std": 0.1, "episodes": 32}) + "\n")
+    assert frames_when_written(run / "metrics.jsonl", 1025.0) == 2000.0
+    assert frames_when_written(run / "metrics.jsonl", 999.0) is None
+    assert frames_when_written(tmp_path / "missing.jsonl", 1025.0) is None
+
+    assert main(["evaluate", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "version 8, learner step 40, 2,000 frames" in out and "over 32 games" in out
+    records = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    final = records[-1]
+    assert len(records) == 2 and final["checkpoint"] == checkpoint.name and final["run_frames"] == 2000.0
+    assert final["version"] == 8 and final["learner_step"] == 40 and final["episodes"] == 32
+    assert len(final["scores"]) == 32 and set(final["scores"]) <= {-1.0, 1.0}   # Catch: a catch or a miss
+    assert final["policy"] == "greedy" and final["noop_max"] == cfg.env.noop_max
+    assert final["mean"] == pytest.approx(np.mean(final["scores"]))
+    report_run = load_run(run)
+    assert [e["frames"] for e in report_run.evals] == [1000.0, 2000.0]
+    assert report_run.final_eval["checkpoint"] == checkpoint.name
+
+    assert main(["evaluate", str(run), "--episodes", "3", "--no-record"]) == 0
+    assert "over 3 games" in capsys.readouterr().out
+    assert len((run / "eval.jsonl").read_text().splitlines()) == 2
+    with pytest.raises(SystemExit, match="at least 1"):
+        main(["evaluate", str(run), "--episodes", "0"])
+
+
 def test_dead_torso_units_get_their_own_panel(tmp_path):
     _write_run(tmp_path / "plain", "cpu", "pong", [-21.0, -20.5], [(0, -21.0)])
     _write_run(tmp_path / "probed", "cpu", "pong", [-21.0, -20.5], [(0, -21.0)])
