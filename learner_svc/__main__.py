@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     lbc_pb2_grpc.add_ParameterServiceServicer_to_server(servicer, server)
     server.start()
     set_serving(health, ["lbc.v1.ParameterService"])
-    fetcher = BatchFetcher(cfg, stop)
+    fetcher = BatchFetcher(cfg, stop, pin=trainer.device.type == "cuda")
     fetcher.start()
     log.info("learner up: params on %s, replay %s, %d policies, batch %d x %d (+%d burn-in), preset %s, device %s",
              cfg.endpoints.params, cfg.endpoints.replay_serve, cfg.num_policies, cfg.learner.batch_size,
@@ -214,7 +214,7 @@ def follow(cfg: Config, args: argparse.Namespace, stop: threading.Event, log: lo
     trainer = Trainer(cfg, group)
     group.share_state(trainer.agent, trainer.optimiser)
     start_metrics(args.metrics_port or cfg.endpoints.learner_replica_metrics_base + args.rank, cfg.endpoints.bind_host)
-    fetcher = BatchFetcher(cfg, stop)
+    fetcher = BatchFetcher(cfg, stop, pin=trainer.device.type == "cuda")
     fetcher.start()
     samples_per_batch = cfg.learner.batch_size * cfg.sequence.length
     while not stop.is_set():

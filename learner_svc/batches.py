@@ -18,6 +18,7 @@ from prometheus_client import Counter, Histogram
 
 from lbc import codec
 from lbc.config import Config
+from lbc.devices import pinned
 from lbc.security import secure_client_socket
 from lbc.sequences import validate_batch
 
@@ -29,8 +30,11 @@ WAIT = Histogram("lbc_learner_batch_wait_seconds", "Time waiting for replay per 
 
 
 class BatchFetcher:
-    def __init__(self, cfg: Config, stop: threading.Event, request_timeout_s: float = 10.0) -> None:
+    def __init__(self, cfg: Config, stop: threading.Event, request_timeout_s: float = 10.0,
+                 pin: bool = False) -> None:
+        """pin: copy each batch into pinned host memory here (lbc.devices.pinned), for a learner on a GPU."""
         self.cfg = cfg
+        self.pin = pin
         self.stop = stop
         self.timeout_ms = int(request_timeout_s * 1000)
         self.batch_size = cfg.learner.batch_size
@@ -87,9 +91,10 @@ class BatchFetcher:
                 REJECTED.labels(exc.reason).inc()
                 log.warning("rejected a batch from replay (%s): %s", exc.reason, str(exc)[:200])
                 continue
+            arrays = pinned(msg.arrays) if self.pin else msg.arrays
             while not self.stop.is_set():
                 try:
-                    self.queue.put(msg.arrays, timeout=0.5)
+                    self.queue.put(arrays, timeout=0.5)
                     break
                 except queue.Full:
                     continue

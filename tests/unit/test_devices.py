@@ -8,7 +8,7 @@ import torch
 
 from lbc.acting import CoreInputs, forward
 from lbc.config import load_config
-from lbc.devices import pick_device, to_device
+from lbc.devices import pick_device, pinned, to_device
 from lbc.nets import build_net
 from lbc.presets import CATCH_SIZING, deep_merge
 from learner_svc.training import Trainer, to_time_major
@@ -37,6 +37,20 @@ def test_host_arrays_reach_the_cpu_without_a_copy_or_pinning():
     batch = {"obs": np.zeros((2, 5, 1, 3, 3), np.uint8), "h0": np.zeros((2, 4), np.float32)}
     b = to_time_major(batch, torch.device("cpu"))
     assert b["obs"].shape == (5, 2, 1, 3, 3) and b["h0"].shape == (2, 4)
+
+
+@pytest.mark.skipif(NO_GPU, reason="pinned host memory needs a visible GPU")
+def test_a_pinned_batch_keeps_its_values_and_reaches_the_gpu_from_pinned_memory():
+    batch = {"obs": np.random.default_rng(0).integers(0, 255, (3, 7, 4, 8, 8), dtype=np.uint8),
+             "h0": np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32),
+             "done": np.array([[True, False]] * 3)}
+    host = pinned(batch)
+    for name, arr in batch.items():
+        assert host[name].dtype == arr.dtype and np.array_equal(host[name], arr)
+        assert torch.from_numpy(host[name]).is_pinned()
+    on_gpu = to_time_major(host, torch.device("cuda"))
+    assert torch.equal(on_gpu["obs"].cpu(), torch.from_numpy(batch["obs"]).transpose(0, 1))
+    assert torch.equal(on_gpu["h0"].cpu(), torch.from_numpy(batch["h0"]))
 
 
 def test_the_acting_step_returns_its_outputs_on_the_cpu_and_keeps_the_state_with_the_network():
