@@ -111,9 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     play = sub.add_parser("play", help="watch a trained agent: play a checkpoint, print scores, write an mp4",
                           description="Loads a run's checkpoint (weights only), plays its evaluation policy on the "
                                       "real game with the evaluation protocol and writes the game's frames as mp4.")
-    play.add_argument("run", help="run folder, e.g. runs/cpu-breakout")
-    play.add_argument("--version", type=int, default=None,
-                      help="parameter version of the checkpoint to play, among those kept (default: the newest)")
+    add_checkpoint_arguments(play, "to play")
     play.add_argument("--episodes", type=int, default=1, help="games to play (default 1)")
     play.add_argument("--video", default=None, help="mp4 to write (default: none)")
     play.add_argument("--seed", type=int, default=0, help="seed of the games and the policy's draws (default 0)")
@@ -127,9 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                                           "on eval.num_envs environments as the evaluator does; the record goes to "
                                           "RUN/eval.jsonl at the frames the checkpoint was written at, where lbc "
                                           "report shows it.")
-    evaluate.add_argument("run", help="run folder, e.g. runs/cpu-breakout")
-    evaluate.add_argument("--version", type=int, default=None,
-                          help="parameter version of the checkpoint, among those kept (default: the newest)")
+    add_checkpoint_arguments(evaluate, "to score")
     evaluate.add_argument("--episodes", type=int, default=None,
                           help="games to play (default: the run's eval.episodes)")
     evaluate.add_argument("--seed", type=int, default=None, help="seed of the games and draws (default: eval.seed)")
@@ -141,13 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
                                         "observation, previous action and reward, episode start and recurrent state "
                                         "in; every head's advantages and values and the new state out. The batch "
                                         "axis is free. Beside it, a .json says how to prepare frames and act.")
-    export.add_argument("run", help="run folder, e.g. runs/cpu-breakout")
-    export.add_argument("--version", type=int, default=None,
-                        help="parameter version of the checkpoint to export, among those kept (default: the newest)")
+    add_checkpoint_arguments(export, "to export")
     export.add_argument("--format", choices=["onnx", "torchscript"], default="onnx", help="file format (default onnx)")
     export.add_argument("--out", default=None,
                         help="file to write (default: RUN/export/policy-vVERSION.onnx, or .pt for torchscript)")
     return parser
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser, purpose: str) -> None:
+    """The run folder and the checkpoint in it, as every verb that loads a checkpoint takes them."""
+    parser.add_argument("run", help="run folder, e.g. runs/cpu-breakout")
+    parser.add_argument("--version", type=int, default=None,
+                        help=f"parameter version of the checkpoint {purpose}, among those kept (default: the newest)")
 
 
 def health(args: argparse.Namespace) -> int:
