@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from lbc.config import Config
 
 
@@ -22,6 +20,8 @@ def load_config_of(run_dir: Path, tool: str) -> Config:
 
 def find_checkpoint(run_dir: Path, version: int | None, tool: str = "play") -> tuple[Path, dict]:
     """The newest checkpoint, or the one holding parameter `version`; loaded with weights_only=True."""
+    import torch  # here: the launcher reads run folders too, and it starts without torch (tests/unit/test_cli.py)
+
     found = sorted((run_dir / "checkpoints").glob("ckpt-*.pt"))
     if not found:
         raise SystemExit(f"lbc {tool}: no checkpoint in {run_dir / 'checkpoints'}")
