@@ -104,7 +104,8 @@ LBC_CPU_TRAINING: Tree = {
     "net": {"init": "orthogonal", "centre_frames": True},
     "env": {"episodic_life": True},
     "learner": {"target_policy": "behaviour_temperature", "centre_q": True, "learning_rate": 2.5e-4,
-                "adam_betas": [0.9, 0.999], "adam_eps": 1e-5, "weight_decay": 0.0, "clip_norm": 0.5},
+                "adam_betas": [0.9, 0.999], "adam_eps": 1e-5, "weight_decay": 0.0, "clip_norm": 0.5,
+                "target_update_every": 250},   # decision 53: a target network for the bootstrap values
 }
 
 # IMPALA (Espeholt et al. 2018): one policy, V-trace actor-critic, entropy bonus, clipped rewards,

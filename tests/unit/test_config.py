@@ -28,6 +28,14 @@ def test_cpu_keeps_lbcs_reward_shapes_with_a_discount_of_0_99():
     assert [p.gamma for p in load_config("lbc-reduce-h-psi").policies] == [0.997]
 
 
+def test_cpu_bootstraps_from_a_target_network_and_the_printed_presets_do_not():
+    """docs/decisions.md 53: `cpu` copies its network into a target every 250 learner steps; LBC's printed
+    preset and its ablations bootstrap from the online network, as the paper describes."""
+    assert load_config("cpu").learner.target_update_every == 250
+    for preset in ("lbc-bm", "lbc-reduce-h-psi", "catch", "minatar"):
+        assert load_config(preset).learner.target_update_every == 0, preset
+
+
 def test_precedence_override_over_environment_over_preset(monkeypatch):
     monkeypatch.setenv("LBC_LEARNER__BATCH_SIZE", "8")
     monkeypatch.setenv("LBC_ENV__GAME", "breakout")
