@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -70,14 +71,18 @@ def _replay_metrics(inserted: float, sampled: float, insert_blocked: float, samp
 
 def test_autoscaler_scales_up_a_starved_learner(httpserver: HTTPServer, kubeconfig: Path) -> None:
     """The learner waits 60% of the time: after `patience` windows the autoscaler patches 2 -> 4."""
-    state = {"t": 0}
+    state: dict[str, float] = {"t": 0, "start": 0.0}
 
     def metrics_handler(_request):  # noqa: ANN001 - werkzeug request
         from werkzeug import Response
+        now = time.monotonic()
+        state["start"] = state["start"] or now
         state["t"] += 1
         t = state["t"]
-        # per window of ~0.05 s (the interval): learner blocked for the whole interval's 60%.
-        return Response(_replay_metrics(100 * t, 200 * t, 0.0, 0.6 * 0.05 * t), content_type="text/plain")
+        # the learner blocked 60% of the wall time the autoscaler measures between its reads: counted by the
+        # clock, not per read, so that a busy machine stretching the interval does not change the share
+        return Response(_replay_metrics(100 * t, 200 * t, 0.0, 0.6 * (now - state["start"])),
+                        content_type="text/plain")
 
     httpserver.expect_request("/metrics").respond_with_handler(metrics_handler)
     httpserver.expect_request(SCALE_PATH, method="GET").respond_with_json(scale_object(2))
@@ -85,7 +90,7 @@ def test_autoscaler_scales_up_a_starved_learner(httpserver: HTTPServer, kubeconf
         scale_object(4))
     args = cli.build_parser().parse_args([
         "autoscale", "--namespace", "lbc", "--kubeconfig", str(kubeconfig),
-        "--replay-metrics", httpserver.url_for("/metrics"), "--interval", "0.05", "--patience", "2",
+        "--replay-metrics", httpserver.url_for("/metrics"), "--interval", "0.5", "--patience", "2",
         "--cooldown", "0", "--iterations", "2", "--metrics-port", "0", "--min", "1", "--max", "8"])
     cli.autoscale(args, stop=threading.Event())
     patches = [req for req, _ in httpserver.log if req.method == "PATCH"]
