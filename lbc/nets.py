@@ -33,13 +33,49 @@ def pixels_to_input(frames: torch.Tensor, centre: bool, by_sort: bool = False) -
     return x / 255.0
 
 
+@dataclass(frozen=True)
+class Frames:
+    """uint8 frames as a convolutional torso reads them: their pixel values as float32 [..., C, H, W], laid out
+    in the torso's memory format, and each frame's median [..., C] when frames are centred (else None).
+
+    Reading them is the torso's costliest pass after its convolutions (docs/speed.md). The learner reads a
+    batch's frames once and gives them to every network that convolves them (online and target) and to
+    both the burn-in and the learning steps. Indexing slices the leading (time) axes of both."""
+
+    pixels: torch.Tensor
+    medians: torch.Tensor | None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.pixels.shape
+
+    def __getitem__(self, index: slice) -> Frames:
+        return Frames(self.pixels[index], None if self.medians is None else self.medians[index])
+
+    def reshape(self, *shape: int) -> Frames:
+        """The frames with the leading axes reshaped, e.g. [T, B, C, H, W] -> [T * B, C, H, W]."""
+        lead = shape[:-3]
+        return Frames(self.pixels.reshape(*shape),
+                      None if self.medians is None else self.medians.reshape(*lead, self.medians.shape[-1]))
+
+
+def read_frames(frames: torch.Tensor, centre: bool, by_sort: bool = False,
+                memory_format: torch.memory_format = torch.contiguous_format) -> Frames:
+    """uint8 frames [..., C, H, W] as Frames; the layout is changed on the uint8 frames, a quarter of the
+    float's bytes."""
+    lead = frames.shape[:-3]
+    flat = frames.reshape(-1, *frames.shape[-3:]).contiguous(memory_format=memory_format)
+    medians = frame_medians(flat, by_sort).view(*lead, -1).float() if centre else None
+    return Frames(flat.float().view(frames.shape), medians)
+
+
 class FrameConv2d(nn.Conv2d):
     """A torso's first convolution, reading uint8 frames: conv(W, pixels_to_input(x)) + b, computed as
 
         conv(W / 255, x) + b - sum_c m_c conv(W_c / 255, 1)
 
     (convolution is linear; conv(W_c, 1) is W_c's sum where there is no padding). The frames are read into
-    float once, and no pass over them scales or centres them: on a 2-core CPU the centred input's two
+    float once (Frames), and no pass over them scales or centres them: on a 2-core CPU the centred input's two
     broadcast passes cost the learner more than the convolution's forward pass (docs/speed.md). Float
     input (the shape probe, vectors) is convolved as it comes. `centre` and `median_by_sort` are set by
     the network that owns the layer (LBCNet)."""
@@ -47,17 +83,18 @@ class FrameConv2d(nn.Conv2d):
     centre = False
     median_by_sort = False   # lbc.export sets it: ONNX has no median
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.uint8:
-            return super().forward(x)
-        if not self.centre:
-            return self._conv_forward(x.float(), self.weight * (1.0 / 255.0), self.bias)
+    def forward(self, x: torch.Tensor | Frames) -> torch.Tensor:
+        if isinstance(x, torch.Tensor):
+            if x.dtype != torch.uint8:
+                return super().forward(x)
+            x = read_frames(x, self.centre, self.median_by_sort)
+        if x.medians is None:
+            return self._conv_forward(x.pixels, self.weight * (1.0 / 255.0), self.bias)
         # in float32 even under bf16 autocast: the difference of two large terms would lose the frame's detail
-        with torch.autocast(x.device.type, enabled=False):
+        with torch.autocast(x.pixels.device.type, enabled=False):
             w = self.weight.float() * (1.0 / 255.0)
-            out = self._conv_forward(x.float(), w, None if self.bias is None else self.bias.float())
-            medians = frame_medians(x, self.median_by_sort).float()
-            return out - torch.einsum("nc,cohw->nohw", medians, self._response_to_ones(w, x.shape[-2:]))
+            out = self._conv_forward(x.pixels, w, None if self.bias is None else self.bias.float())
+            return out - torch.einsum("nc,cohw->nohw", x.medians, self._response_to_ones(w, x.shape[-2:]))
 
     def _response_to_ones(self, w: torch.Tensor, size: torch.Size) -> torch.Tensor:
         """[C, O, H', W']: conv(w, e_c) with no bias for a frame of ones in channel c alone; [C, O, 1, 1]
@@ -85,9 +122,11 @@ class _ConvTorso(nn.Module):
         self.fc = nn.Sequential(nn.Linear(n, hidden), nn.ReLU())
         self.memory_format = torch.contiguous_format
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Frames) -> torch.Tensor:
         # uint8 frames are laid out before FrameConv2d reads them, so its float copy is the only big one
-        return self.fc(self.convs(x.contiguous(memory_format=self.memory_format)))
+        if isinstance(x, torch.Tensor):
+            x = x.contiguous(memory_format=self.memory_format)
+        return self.fc(self.convs(x))
 
 
 class SmallTorso(_ConvTorso):
@@ -278,6 +317,7 @@ class LBCNet(nn.Module):
                  init: str = "torch", centre_frames: bool = False) -> None:
         super().__init__()
         self.num_actions = num_actions
+        self.obs_shape = obs_shape
         self.extra_inputs = extra_inputs
         self.num_policies = num_policies
         self.lstm_size = lstm
@@ -315,18 +355,22 @@ class LBCNet(nn.Module):
         if isinstance(self.torso, _ConvTorso):
             self.torso.convs[0].median_by_sort = enabled
 
-    def _torso_input(self, frames: torch.Tensor) -> torch.Tensor:
-        """What the torso is given for observations [M, ...]: a convolutional torso reads uint8 frames itself
-        (FrameConv2d), other torsos get pixels_to_input's floats; vector observations go in as they come."""
-        if frames.dtype != torch.uint8:
-            return frames.float()
+    def torso_input(self, obs: torch.Tensor | Frames) -> torch.Tensor | Frames:
+        """What the torso is given for observations [..., *obs_shape]: a convolutional torso's Frames read from
+        uint8 frames, other torsos pixels_to_input's floats; vector observations go in as they come. Input
+        read already passes through, so the learner reads a batch once for all its networks and steps."""
+        if isinstance(obs, Frames):
+            return obs
+        if obs.dtype != torch.uint8:
+            return obs.float()
         if isinstance(self.torso, _ConvTorso):
-            return frames
-        return pixels_to_input(frames, self.centre_frames, self.median_by_sort)
+            return read_frames(obs, self.centre_frames, self.median_by_sort, self.torso.memory_format)
+        flat = obs.reshape(-1, *self.obs_shape)
+        return pixels_to_input(flat, self.centre_frames, self.median_by_sort).view(obs.shape)
 
     def torso_dead_units(self, frames: torch.Tensor) -> dict[str, float]:
         """dead_units of the torso on uint8 frames [M, *obs_shape]."""
-        return dead_units(self.torso, self._torso_input(frames))
+        return dead_units(self.torso, self.torso_input(frames))
 
     def _reinit(self, layer: nn.Module) -> None:
         """Draw a torso layer's weights as at construction (net.init)."""
@@ -356,7 +400,7 @@ class LBCNet(nn.Module):
         """ReDo on the torso with the dormant scores on uint8 frames [M, *obs_shape]: units recycled per
         ReLU layer, named as in torso_dead_units."""
         links = self.recycling_links()
-        scores = dormant_scores(self.torso, self._torso_input(frames), links)
+        scores = dormant_scores(self.torso, self.torso_input(frames), links)
         counts = recycle(links, scores, tau, optimiser, self._reinit)
         names = {id(m): name for name, m in self.torso.named_modules()}
         return {names[id(link.relu)]: n for link, n in zip(links, counts, strict=True)}
@@ -368,20 +412,20 @@ class LBCNet(nn.Module):
 
     def forward(
         self,
-        obs: torch.Tensor,
+        obs: torch.Tensor | Frames,
         prev_action: torch.Tensor,
         prev_reward: torch.Tensor,
         reset: torch.Tensor,
         state: tuple[torch.Tensor, torch.Tensor],
         extra: torch.Tensor | None = None,
     ) -> NetOutput:
-        """obs [T, B, *obs_shape] uint8; prev_action [T, B] int64; prev_reward [T, B] raw reward;
-        reset [T, B] bool, True where x_t starts an episode (the state is zeroed before the step);
-        extra [T, B, extra_inputs] when the net has extra inputs."""
+        """obs [T, B, *obs_shape] uint8 (or as torso_input read them); prev_action [T, B] int64; prev_reward
+        [T, B] raw reward; reset [T, B] bool, True where x_t starts an episode (the state is zeroed before the
+        step); extra [T, B, extra_inputs] when the net has extra inputs."""
         if (extra is None) != (self.extra_inputs == 0):
             raise ValueError(f"this net takes {self.extra_inputs} extra inputs per step")
         steps, batch = obs.shape[:2]
-        feats = self.torso(self._torso_input(obs.reshape(steps * batch, *obs.shape[2:]))).view(steps, batch, -1)
+        feats = self.torso(self.torso_input(obs).reshape(steps * batch, *obs.shape[2:])).view(steps, batch, -1)
         one_hot = nn.functional.one_hot(prev_action, self.num_actions).to(feats.dtype)
         parts = [feats, one_hot, prev_reward.clamp(-1.0, 1.0).unsqueeze(-1).to(feats.dtype)]
         core_in = torch.cat(parts if extra is None else [*parts, extra.to(feats.dtype)], -1)
@@ -392,6 +436,20 @@ class LBCNet(nn.Module):
         raw_adv, value = heads[..., :-1], heads[..., -1]
         adv = raw_adv - raw_adv.mean(-1, keepdim=True)
         return NetOutput(adv=adv, value=value, state=(h, c))
+
+
+def unroll_after_burn_in(net: LBCNet, frames: torch.Tensor | Frames, b: dict[str, torch.Tensor], burn: int,
+                         grad: bool, extra: torch.Tensor | None = None) -> NetOutput:
+    """The network's outputs over a stored sequence's learning steps [burn:], after `burn` burn-in steps from
+    its stored LSTM state (b["h0"], b["c0"]) with no gradient (R2D2's burn-in). frames: b["obs"], or as the
+    net's torso_input read them (the learner reads a batch once for its online and target networks)."""
+    inputs = (frames, b["prev_action"].long(), b["prev_reward"], b["reset"])
+    state = (b["h0"], b["c0"])
+    if burn > 0:
+        with torch.no_grad():
+            state = net(*(x[:burn] for x in inputs), state, None if extra is None else extra[:burn]).state
+    with torch.set_grad_enabled(grad):
+        return net(*(x[burn:] for x in inputs), state, None if extra is None else extra[burn:])
 
 
 def build_net(cfg, obs_shape: tuple[int, ...], num_actions: int) -> LBCNet:

@@ -19,7 +19,7 @@ from lbc.agents.protocols import LossOutput
 from lbc.behaviour import EpisodeBehaviour, behaviour_probs, log_boltzmann_mixture
 from lbc.config import Config
 from lbc.losses import LossScales, lbc_policy_loss, sequence_priorities
-from lbc.nets import LBCNet, NetOutput
+from lbc.nets import LBCNet, NetOutput, unroll_after_burn_in
 from lbc.psi import psi_width, split_psi
 from lbc.rewards import REWARD_SHAPING
 
@@ -88,22 +88,12 @@ class LbcLoss:
         mixture = log_boltzmann_mixture(adv[:, :, self.components], *split_psi(psi, k))
         return mixture.unsqueeze(2).expand_as(adv), None
 
-    def unroll(self, net: LBCNet, b: dict[str, torch.Tensor], grad: bool) -> NetOutput:
-        """The network's outputs over the learning steps, after burn-in from the stored LSTM state."""
-        burn = self.cfg.sequence.burn_in
-        inputs = (b["obs"], b["prev_action"].long(), b["prev_reward"], b["reset"])
-        state = (b["h0"], b["c0"])
-        if burn > 0:
-            with torch.no_grad():
-                state = net(*(x[:burn] for x in inputs), state).state
-        with torch.set_grad_enabled(grad):
-            return net(*(x[burn:] for x in inputs), state)
-
     def __call__(self, model: LBCNet, b: dict[str, torch.Tensor]) -> LossOutput:
         lc = self.cfg.learner
         burn = self.cfg.sequence.burn_in
-        out = self.unroll(model, b, grad=True)
-        target = self.unroll(self.target, b, grad=False) if self.target is not None else None
+        frames = model.torso_input(b["obs"])   # read once for both networks
+        out = unroll_after_burn_in(model, frames, b, burn, grad=True)
+        target = None if self.target is None else unroll_after_burn_in(self.target, frames, b, burn, grad=False)
 
         # all N policies in one loss call: the policy axis is a trailing batch axis
         actions = b["action"][burn:].long()

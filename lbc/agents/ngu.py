@@ -21,7 +21,7 @@ from lbc.behaviour import EpisodeBehaviour, epsilon_greedy
 from lbc.config import Config
 from lbc.devices import to_device
 from lbc.losses import ngu_q_loss, sequence_priorities
-from lbc.nets import LBCNet, NetOutput
+from lbc.nets import Frames, LBCNet, NetOutput, unroll_after_burn_in
 from lbc.ngu import IntrinsicRewards, core_inputs, environment_epsilons, environment_mixtures, mixture_family
 from lbc.ngu_nets import NguAux
 from lbc.psi import psi_width
@@ -95,24 +95,19 @@ class NguLoss:
         """theta^- <- theta (every ngu.target_update_every steps)."""
         self.target.load_state_dict(self.model.state_dict())
 
-    def unroll(self, net: LBCNet, b: dict[str, torch.Tensor], extra: torch.Tensor, grad: bool) -> torch.Tensor:
+    def q_values(self, net: LBCNet, frames: torch.Tensor | Frames, b: dict[str, torch.Tensor], extra: torch.Tensor,
+                 grad: bool) -> torch.Tensor:
         """Q(x_t, ., j) [T+1, B, A] of the learning steps, after burn-in from the stored state."""
-        burn = self.cfg.sequence.burn_in
-        inputs = (b["obs"], b["prev_action"].long(), b["prev_reward"], b["reset"])
-        state = (b["h0"], b["c0"])
-        if burn > 0:
-            with torch.no_grad():
-                state = net(*(x[:burn] for x in inputs), state, extra[:burn]).state
-        with torch.set_grad_enabled(grad):
-            out = net(*(x[burn:] for x in inputs), state, extra[burn:])
-            return out.value[..., :1] + out.adv[..., 0, :]
+        out = unroll_after_burn_in(net, frames, b, self.cfg.sequence.burn_in, grad, extra)
+        return out.value[..., :1] + out.adv[..., 0, :]
 
     def __call__(self, model: LBCNet, b: dict[str, torch.Tensor]) -> LossOutput:
         ng = self.cfg.ngu
         burn = self.cfg.sequence.burn_in
         extra = core_inputs(b["mixture"], b["prev_intrinsic"], ng.num_mixtures)
-        q_online = self.unroll(model, b, extra, grad=True)
-        q_target = self.unroll(self.target, b, extra, grad=False)
+        frames = model.torso_input(b["obs"])   # read once for both networks
+        q_online = self.q_values(model, frames, b, extra, grad=True)
+        q_target = self.q_values(self.target, frames, b, extra, grad=False)
 
         actions = b["action"][burn:].long()
         not_done = 1.0 - b["done"][burn:].float()

@@ -152,8 +152,8 @@ def test_orthogonal_init_keeps_the_scale_of_relu_layers():
     assert torch_net.torso.fc[0].bias.any()   # torch's own default is left alone
     frames = torch.randint(0, 256, (32, *spec.obs_shape), dtype=torch.uint8)
     with torch.no_grad():
-        ours = net.torso(net._torso_input(frames)).std(0).mean()
-        theirs = torch_net.torso(torch_net._torso_input(frames)).std(0).mean()
+        ours = net.torso(net.torso_input(frames)).std(0).mean()
+        theirs = torch_net.torso(torch_net.torso_input(frames)).std(0).mean()
     assert ours > 5 * theirs   # torch's default shrinks the features' variation layer by layer
 
 
@@ -251,3 +251,46 @@ def test_the_sorted_median_is_torch_median():
     for n in (1, 2, 7, 441):
         x = torch.randint(0, 256, (5, 4, n), generator=g, dtype=torch.uint8)
         assert torch.equal(lower_median(x, by_sort=True), x.median(dim=-1).values)
+
+
+@pytest.mark.parametrize("torso", ["small", "minatar", "mlp"])
+@pytest.mark.parametrize("centre", [False, True])
+def test_frames_read_once_give_every_network_the_outputs_and_gradients_of_reading_them_itself(torso, centre):
+    """The learner reads a batch's frames once (torso_input) for its online and target networks and for the
+    burn-in and learning steps (issue 11: no recomputation the learner can avoid). That must change nothing:
+    each network's outputs after burn-in and the online network's gradients equal those of the network
+    reading the uint8 frames itself, bit for bit, in either layout of the torso."""
+    import copy
+
+    from lbc.nets import unroll_after_burn_in
+
+    from lbc.nets import LBCNet
+
+    shape, actions = {"small": ((4, 84, 84), 18), "minatar": ((7, 10, 10), 6), "mlp": ((2, 10, 5), 3)}[torso]
+    torch.manual_seed(0)
+    t, b, burn = 7, 3, 3
+    frames = torch.randint(0, 256, (t, b, *shape), dtype=torch.uint8)
+    frames[:, :2, :, ::3] = 87
+    seq = {"prev_action": torch.randint(0, actions, (t, b)), "prev_reward": torch.randn(t, b),
+           "reset": torch.rand(t, b) < 0.2, "h0": torch.randn(b, 32), "c0": torch.randn(b, 32)}
+    for channels_last in (False, True):
+        model = LBCNet(torso, shape, actions, 3, hidden=32, lstm=32, centre_frames=centre)
+        model.set_channels_last(channels_last)
+        target = copy.deepcopy(model).requires_grad_(False)
+        with torch.no_grad():
+            for p in target.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        read = model.torso_input(frames)
+        assert model.torso_input(read) is read                   # read input passes through
+        for net in (model, target):
+            own = unroll_after_burn_in(net, frames, seq, burn, grad=net is model)
+            shared = unroll_after_burn_in(net, read, seq, burn, grad=net is model)
+            assert torch.equal(own.adv, shared.adv) and torch.equal(own.value, shared.value)
+            assert all(torch.equal(x, y) for x, y in zip(own.state, shared.state, strict=True))
+        grads = []
+        for x in (frames, read):
+            model.zero_grad()
+            out = unroll_after_burn_in(model, x, seq, burn, grad=True)
+            (out.adv.pow(2).sum() + out.value.sum()).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        assert all(torch.equal(g, h) for g, h in zip(*grads, strict=True))

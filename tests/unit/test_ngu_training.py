@@ -51,8 +51,8 @@ def test_one_step_targets_by_hand():
     b = to_time_major(batch)
     extra = core_inputs(b["mixture"], b["prev_intrinsic"], cfg.ngu.num_mixtures)
     with torch.no_grad():
-        q = trainer.loss.unroll(trainer.model, b, extra, grad=False).numpy()
-        q_target = trainer.loss.unroll(trainer.loss.target, b, extra, grad=False).numpy()
+        q = trainer.loss.q_values(trainer.model, b["obs"], b, extra, grad=False).numpy()
+        q_target = trainer.loss.q_values(trainer.loss.target, b["obs"], b, extra, grad=False).numpy()
     family = mixture_family(4, cfg.ngu.beta, cfg.ngu.gamma_max, cfg.ngu.gamma_min)
     burn, steps = cfg.sequence.burn_in, cfg.sequence.length
     losses = np.zeros((steps, cfg.learner.batch_size))

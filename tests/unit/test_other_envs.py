@@ -51,7 +51,7 @@ def test_the_networks_read_vectors_as_they_come():
     out = net(obs, torch.zeros(1, 1, dtype=torch.int64), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool),
               net.initial_state(1))
     assert out.adv.shape == (1, 1, cfg.num_policies, 2)
-    assert torch.equal(net._torso_input(obs[0]), obs[0])       # not scaled as pixels: 3.0 stays 3.0
+    assert torch.equal(net.torso_input(obs[0]), obs[0])       # not scaled as pixels: 3.0 stays 3.0
 
 
 def test_gymnasium_pixels_go_channels_first():
