@@ -1,10 +1,12 @@
+import copy
+
 import numpy as np
 import pytest
 import torch
 
 from lbc.config import load_config
 from lbc.envs import env_spec
-from lbc.nets import LayerNormLSTM, PlainLSTM, build_net, lower_median, pixels_to_input
+from lbc.nets import LayerNormLSTM, LBCNet, PlainLSTM, build_net, lower_median, pixels_to_input, unroll_after_burn_in
 
 
 def _count(model):
@@ -260,12 +262,6 @@ def test_frames_read_once_give_every_network_the_outputs_and_gradients_of_readin
     burn-in and learning steps (issue 11: no recomputation the learner can avoid). That must change nothing:
     each network's outputs after burn-in and the online network's gradients equal those of the network
     reading the uint8 frames itself, bit for bit, in either layout of the torso."""
-    import copy
-
-    from lbc.nets import unroll_after_burn_in
-
-    from lbc.nets import LBCNet
-
     shape, actions = {"small": ((4, 84, 84), 18), "minatar": ((7, 10, 10), 6), "mlp": ((2, 10, 5), 3)}[torso]
     torch.manual_seed(0)
     t, b, burn = 7, 3, 3
