@@ -8,7 +8,9 @@ learner samples/s (one training step of the preset's batch). Combines them into 
 
 (with the learner on a GPU its term leaves the cores' sum and bounds on its own:
 min(cores / (1/env + 1/inference), learner / replay_ratio)), then runs the whole system with the
-launcher and prints achieved / ceiling. It also splits one learner step into its parts (copy to the
+launcher and prints achieved / ceiling and the cores each service kept busy (bench.cpu_use). On a CPU
+machine it starts as many actors as keep the cores busy at the ceiling (an actor's loop is serial, one
+core at most: actors_to_fill). It also splits one learner step into its parts (copy to the
 device, forward and loss, backward, optimiser), and on a GPU machine reports peak memory and
 nvidia-smi's utilisation; --actor-scaling 1,2,4,8,12 runs the whole system per actor count against
 linear growth from the smallest count. For NGU presets it prints what the intrinsic reward costs per agent
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shutil
@@ -32,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.cpu_use import cpu_table, service_cpu_seconds
 from bench.spy import profile_lines
 from lbc.acting import CoreInputs, forward
 from lbc.agents import Acting, family_of, make_acting
@@ -201,9 +205,10 @@ class GpuSampler:
 
 def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: float, overrides: list[str],
                profile: bool = False) -> dict:
-    """The whole system under the launcher: frames/s and learner steps/s over `seconds` after `warmup`;
-    with `profile`, py-spy's table of where each service thread spends and waits (bench.spy) over the
-    middle of that window, under "profile"."""
+    """The whole system under the launcher: frames/s and learner steps/s over `seconds` after `warmup`,
+    and each service's CPU seconds at the window's start and near its end ("cpu", "cpu_seconds", for
+    bench.cpu_use.cpu_table); with `profile`, py-spy's table of where each service thread spends and waits
+    (bench.spy) over the middle of that window, under "profile"."""
     name = f"bench-{preset}-{game}"
     run_dir = Path("runs") / name
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -213,13 +218,18 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
         argv += ["--set", o]
     launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     table: list[str] = []
+    cpu_window = max(seconds - 5.0, 1.0)   # read before the launcher's stop, which costs CPU of its own
+    time.sleep(warmup)
+    cpu_start, t_start = service_cpu_seconds(launcher.pid), time.perf_counter()
     if profile:
         span = min(20.0, seconds / 2)
-        time.sleep(warmup + (seconds - span) / 2)
+        time.sleep((seconds - span) / 2)
         try:
             table = profile_lines(launcher.pid, span)
         except RuntimeError as e:   # no ptrace rights: the figures still count
             table = [f"profile: {e}"]
+    time.sleep(max(t_start + cpu_window - time.perf_counter(), 0.0))
+    cpu_end, t_end = service_cpu_seconds(launcher.pid), time.perf_counter()
     if launcher.wait() != 0:
         raise subprocess.CalledProcessError(launcher.returncode, argv)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -229,7 +239,8 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
     dt = last["time"] - first["time"]
     return {"frames_per_s": (last["frames"] - first["frames"]) / dt,
             "learner_steps_per_s": (last["learner_steps"] - first["learner_steps"]) / dt,
-            "seconds": dt, "lag": last["lag"], "profile": table}
+            "seconds": dt, "lag": last["lag"], "profile": table, "cpu": (cpu_start, cpu_end),
+            "cpu_seconds": t_end - t_start}
 
 
 # Settings that change how fast a stage runs and not what is learnt per frame (bf16: decision 40, its loss
@@ -265,16 +276,26 @@ def lever_table(cfg_of: dict[str, Config], base: dict[str, float], cores: int, s
     return rows
 
 
+def actors_to_fill(cores: int, env: float, inference: float, learner: float, replay_ratio: float) -> int:
+    """Actor processes a machine with a CPU learner needs to reach its ceiling. An actor steps its games and
+    runs inference in turn, so it keeps at most one core busy; at the ceiling acting takes
+    cores x (1/env + 1/inference) / (1/env + 1/inference + ratio/learner) of the cores. Fewer actors leave
+    cores idle; more only add processes. A tenth of a core short is not worth another actor."""
+    acting = 1 / env + 1 / inference
+    return max(1, math.ceil(cores * acting / (acting + replay_ratio / learner) - 0.1))
+
+
 def apply_machine_defaults(args: argparse.Namespace, gpu: bool) -> None:
     """What a plain `make bench` measures: on a GPU machine the paper's preset with the actors' inference on
-    the GPU and the actor-scaling curve (issue 11); on a CPU machine the embedded default with one actor."""
+    the GPU and the actor-scaling curve (issue 11); on a CPU machine the embedded default, with the actors
+    its stages say fill the cores (actors_to_fill, once they are measured: args.actors stays None)."""
     paper_on_gpu = gpu and args.preset is None
     if args.preset is None:
         args.preset = "lbc-bm" if gpu else "cpu"
     if paper_on_gpu and not any(o.startswith("actor.device=") for o in args.overrides):
         args.overrides.append("actor.device=cuda")
-    if args.actors is None:
-        args.actors = 12 if paper_on_gpu else 1
+    if args.actors is None and paper_on_gpu:
+        args.actors = 12
     if args.actor_scaling is None:
         args.actor_scaling = "1,2,4,8,12" if paper_on_gpu else ""
 
@@ -285,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="default: lbc-bm (the paper's scale) where a GPU is visible, else cpu")
     parser.add_argument("--game", default="pong")
-    parser.add_argument("--actors", type=int, help="default: 12 for lbc-bm on a GPU, else 1")
+    parser.add_argument("--actors", type=int, help="default: 12 for lbc-bm on a GPU, else as many as the "
+                        "stages say keep the cores busy at the ceiling (1 for cpu, 2 for impala on 2 cores)")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--stage-seconds", type=float, default=10.0, help="length of each stage measured alone")
     parser.add_argument("--seconds", type=float, default=120.0, help="end-to-end measuring window")
@@ -351,6 +373,10 @@ def main() -> int:
             print(row, flush=True)
     if args.stages_only:
         return 0
+    if args.actors is None:
+        args.actors = (1 if on_gpu else actors_to_fill(args.cores, env, inf, learn, ratio))
+        print(f"actors: {args.actors} (an actor keeps at most one core busy; at the ceiling acting takes "
+              f"{ceiling * (1 / env + 1 / inf):.2f} of the {args.cores} cores)", flush=True)
     gpu = shutil.which("nvidia-smi") is not None and torch.cuda.is_available()
     # smallest first: scaling is each count's frames/s against linear growth from the smallest
     counts = sorted({args.actors, *(int(n) for n in args.actor_scaling.split(",") if n)})
@@ -373,6 +399,9 @@ def main() -> int:
         print(line, flush=True)
         if actors == args.actors:
             print(f"achieved / ceiling = {achieved / ceiling:.2f}", flush=True)
+            print(f"CPU by service over {e2e['cpu_seconds']:.0f} s of that window:", flush=True)
+            for row in cpu_table(*e2e["cpu"], e2e["cpu_seconds"], achieved, args.cores):
+                print(row, flush=True)
             for row in e2e["profile"]:
                 print(row, flush=True)
     return 0

@@ -26,7 +26,54 @@ def test_a_plain_bench_measures_the_paper_preset_on_a_gpu_and_the_default_on_a_c
         ("lbc-bm", 12, "1,2,4,8,12", ["actor.device=cuda"])
     cpu = _args()
     apply_machine_defaults(cpu, gpu=False)
-    assert (cpu.preset, cpu.actors, cpu.actor_scaling, cpu.overrides) == ("cpu", 1, "", [])
+    assert (cpu.preset, cpu.actors, cpu.actor_scaling, cpu.overrides) == ("cpu", None, "", [])   # from the stages
     chosen = _args("--preset", "impala", "--actors", "2")   # what the user names is kept
     apply_machine_defaults(chosen, gpu=True)
     assert (chosen.preset, chosen.actors, chosen.actor_scaling, chosen.overrides) == ("impala", 2, "", [])
+
+
+def test_actors_fill_the_cores_acting_takes_at_the_ceiling():
+    from bench.throughput import actors_to_fill
+    # impala on 2 cores (measured stages): acting 1/2452 + 1/4888 s, learning 1/2497 s per agent step:
+    # 2 x 0.612 / 1.013 = 1.21 cores of acting, more than one actor keeps busy
+    assert actors_to_fill(2, 2452.0, 4888.0, 2497.0, 1.0) == 2
+    # cpu: the learner's 2/1223 s per agent step leaves acting 0.54 of a core
+    assert actors_to_fill(2, 2489.0, 4374.0, 1223.0, 2.0) == 1
+    # a fast learner: acting takes nearly all 16 cores
+    assert actors_to_fill(16, 1000.0, 1000.0, 1e9, 1.0) == 16
+    # 2.05 cores of acting: a twentieth of a core is not worth a third actor
+    assert actors_to_fill(41, 1.0, 1.0, 1.0, 38.0) == 2
+
+
+def test_cpu_table_splits_the_window_by_service_and_agent_step():
+    from bench.cpu_use import cpu_table
+    start = {"learner_svc": 10.0, "actor_svc 0": 5.0}
+    end = {"learner_svc": 22.0, "actor_svc 0": 11.0, "replay_svc": 0.6}   # replay started inside the window
+    rows = cpu_table(start, end, seconds=10.0, agent_steps_per_s=1000.0, cores=2)
+    assert rows[1].split() == ["learner_svc", "1.20", "1.200"]
+    assert rows[2].split() == ["actor_svc", "0", "0.60", "0.600"]
+    assert rows[3].split() == ["replay_svc", "0.06", "0.060"]
+    assert rows[-2].split() == ["all", "services", "1.86", "1.860"]
+    assert rows[-1].split()[:2] == ["idle", "0.14"]
+
+
+def test_service_cpu_seconds_counts_a_busy_child_under_its_service_name(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from bench.cpu_use import service_cpu_seconds
+    # a parent that starts a child spinning for 3 s of CPU, as the launcher starts a service
+    spin = "import time; t = time.process_time(); exec('while time.process_time() - t < 3.0: pass')"
+    parent = subprocess.Popen([sys.executable, "-c",
+                               f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spin!r}, "
+                               f"'-m', 'learner_svc'])"])
+    try:
+        time.sleep(0.5)
+        before = service_cpu_seconds(parent.pid)
+        time.sleep(1.0)
+        after = service_cpu_seconds(parent.pid)
+    finally:
+        parent.wait(timeout=30)
+    assert "learner_svc" in after
+    assert after["learner_svc"] - before.get("learner_svc", 0.0) > 0.3
