@@ -208,12 +208,15 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
     """The whole system under the launcher: frames/s and learner steps/s over `seconds` after `warmup`,
     and each service's CPU seconds at the window's start and near its end ("cpu", "cpu_seconds", for
     bench.cpu_use.cpu_table); with `profile`, py-spy's table of where each service thread spends and waits
-    (bench.spy) over the middle of that window, under "profile"."""
+    (bench.spy) under "profile", sampled after that window so that the sampler's own CPU (a tenth to a
+    fifth of a core) does not count against the figures."""
     name = f"bench-{preset}-{game}"
     run_dir = Path("runs") / name
     shutil.rmtree(run_dir, ignore_errors=True)
+    span = min(20.0, seconds / 2) if profile else 0.0
+    duration = warmup + seconds + (span + 5.0 if profile else 0.0)
     argv = [sys.executable, "-m", "lbc.launch", "--preset", preset, "--game", game, "--actors", str(actors),
-            "--name", name, "--duration", str(seconds + warmup), "--progress-every", "5"]
+            "--name", name, "--duration", str(duration), "--progress-every", "5"]
     for o in overrides:
         argv += ["--set", o]
     launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
@@ -221,20 +224,19 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
     cpu_window = max(seconds - 5.0, 1.0)   # read before the launcher's stop, which costs CPU of its own
     time.sleep(warmup)
     cpu_start, t_start = service_cpu_seconds(launcher.pid), time.perf_counter()
+    time.sleep(cpu_window)
+    cpu_end, t_end = service_cpu_seconds(launcher.pid), time.perf_counter()
     if profile:
-        span = min(20.0, seconds / 2)
-        time.sleep((seconds - span) / 2)
+        time.sleep(max(t_start + seconds - time.perf_counter(), 0.0))
         try:
             table = profile_lines(launcher.pid, span)
         except RuntimeError as e:   # no ptrace rights: the figures still count
             table = [f"profile: {e}"]
-    time.sleep(max(t_start + cpu_window - time.perf_counter(), 0.0))
-    cpu_end, t_end = service_cpu_seconds(launcher.pid), time.perf_counter()
     if launcher.wait() != 0:
         raise subprocess.CalledProcessError(launcher.returncode, argv)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     t0 = records[0]["time"]
-    window = [r for r in records if r["time"] - t0 >= warmup]
+    window = [r for r in records if warmup <= r["time"] - t0 <= warmup + seconds]
     first, last = window[0], window[-1]
     dt = last["time"] - first["time"]
     return {"frames_per_s": (last["frames"] - first["frames"]) / dt,
@@ -317,8 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--levers", action="store_true",
                         help="also measure each speed lever on the stage it acts on: " + ", ".join(LEVERS))
     parser.add_argument("--profile", action="store_true",
-                        help="sample every service with py-spy during the end-to-end window (bench.spy): where each "
-                             "thread is busy and where it waits")
+                        help="sample every service with py-spy right after the end-to-end window (bench.spy; within "
+                             "it, py-spy's own CPU would count against the figures): where each thread is busy and "
+                             "where it waits")
     parser.add_argument("--actor-scaling", metavar="N,N,...",
                         help="also run the whole system with each of these actor counts, e.g. 1,2,4,8,12 "
                              "(default: those for lbc-bm on a GPU, none otherwise)")
