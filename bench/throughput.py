@@ -317,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--stages-only", action="store_true", help="measure the stages alone, not the whole system")
     parser.add_argument("--levers", action="store_true",
-                        help="also measure each speed lever on the stage it acts on: " + ", ".join(LEVERS))
+                        help="also measure each speed lever on the stage it acts on: " + ", ".join(LEVERS)
+                        + "; and where the stages chose more than one actor, the whole system with one actor")
     parser.add_argument("--profile", action="store_true",
                         help="sample every service with py-spy right after the end-to-end window (bench.spy; within "
                              "it, py-spy's own CPU would count against the figures): where each thread is busy and "
@@ -376,13 +377,16 @@ def main() -> int:
             print(row, flush=True)
     if args.stages_only:
         return 0
+    scaling_counts = {int(n) for n in args.actor_scaling.split(",") if n}
     if args.actors is None:
         args.actors = (1 if on_gpu else actors_to_fill(args.cores, env, inf, learn, ratio))
         print(f"actors: {args.actors} (an actor keeps at most one core busy; at the ceiling acting takes "
               f"{ceiling * (1 / env + 1 / inf):.2f} of the {args.cores} cores)", flush=True)
+        if args.levers and args.actors > 1:   # the actor count as a lever: the whole system with one actor too
+            scaling_counts.add(1)
     gpu = shutil.which("nvidia-smi") is not None and torch.cuda.is_available()
     # smallest first: scaling is each count's frames/s against linear growth from the smallest
-    counts = sorted({args.actors, *(int(n) for n in args.actor_scaling.split(",") if n)})
+    counts = sorted({args.actors, *scaling_counts})
     first = None
     for actors in counts:
         sampler = GpuSampler() if gpu else None
@@ -398,7 +402,8 @@ def main() -> int:
             util, memory = sampler.stop()
             line += f", GPU {util:.0f}% busy, {memory:,.0f} MiB"
         if actors != first[0]:
-            line += f", {scaling:.2f} of linear from {first[0]} actor(s)"
+            line += (f", {e2e['frames_per_s'] / first[1]:.2f}x the frames/s of {first[0]} actor(s), {scaling:.2f} of "
+                     f"linear")
         print(line, flush=True)
         if actors == args.actors:
             print(f"achieved / ceiling = {achieved / ceiling:.2f}", flush=True)
