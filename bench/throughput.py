@@ -283,8 +283,8 @@ def actors_to_fill(cores: int, env: float, inference: float, learner: float, rep
     runs inference in turn, so it keeps at most one core busy; at the ceiling acting takes
     cores x (1/env + 1/inference) / (1/env + 1/inference + ratio/learner) of the cores. Fewer actors leave
     cores idle; more only add processes. A tenth of a core short is not worth another actor."""
-    acting = 1 / env + 1 / inference
-    return max(1, math.ceil(cores * acting / (acting + replay_ratio / learner) - 0.1))
+    ceiling = ceiling_rate(cores, env, inference, learner, replay_ratio, learner_on_gpu=False)
+    return max(1, math.ceil(ceiling * (1 / env + 1 / inference) - 0.1))
 
 
 def apply_machine_defaults(args: argparse.Namespace, gpu: bool) -> None:

@@ -57,7 +57,7 @@ def test_cpu_table_splits_the_window_by_service_and_agent_step():
     assert rows[-1].split()[:2] == ["idle", "0.14"]
 
 
-def test_service_cpu_seconds_counts_a_busy_child_under_its_service_name(tmp_path):
+def test_service_cpu_seconds_counts_a_busy_child_under_its_service_name():
     import subprocess
     import sys
     import time
