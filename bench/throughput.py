@@ -2,7 +2,8 @@
 
 Measures, each alone on one core: environment steps/s (the actor's vector env), inference samples/s
 (the actor's batched forward + behaviour mixture + sampling; for NGU also its intrinsic reward) and
-learner samples/s (one training step of the preset's batch). Combines them into the ceiling
+learner samples/s (one training step of the preset's batch; with a target network, its outputs kept for
+the share of sequences replay would draw again before the next copy). Combines them into the ceiling
 
     ceiling = cores / (1/env + 1/inference + replay_ratio/learner)     [agent steps/s]
 
@@ -30,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +45,7 @@ from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import PRESETS, Config, load_config
 from lbc.devices import pick_device
 from lbc.envs import make_envs
-from lbc.launch import SERVICE_ENV_DEFAULTS
+from lbc.launch import SERVICE_ENV_DEFAULTS, scrape, value
 from lbc.nets import build_agent, policy_net
 from lbc.psi import Psi
 from lbc.sequences import sequence_layout
@@ -134,19 +136,70 @@ def _learner_batch(cfg: Config) -> dict[str, np.ndarray]:
     return batch
 
 
+def target_repeat_share(capacity: int, inserted_per_step: float, batch: int, period: int) -> float:
+    """The expected share of a uniform FIFO replay's draws that repeat a sequence already drawn since the last
+    copy into the target network, whose target outputs the learner keeps (lbc.target_cache).
+
+    A full replay of C sequences takes I new ones per learner step and draws B distinct ones, so a sequence
+    stays L = C / I steps and is drawn in a step with probability B / C. A draw at step t of a period of P
+    steps (t in [0, P)) finds a sequence of age a (uniform in [0, L), as uniform sampling sees ages), which
+    was in replay for min(t, a) of the period's earlier steps:
+
+        share = mean over t, a of 1 - (1 - B / C) ** min(t, a)"""
+    if period <= 0:
+        return 0.0
+    life = max(1, math.ceil(capacity / inserted_per_step))
+    steps = np.minimum.outer(np.arange(period), np.arange(life))
+    return float(np.mean(1.0 - (1.0 - batch / capacity) ** steps))
+
+
+def _target_period(cfg: Config) -> int:
+    """Learner steps between copies into the target network whose outputs the learner keeps (0: none)."""
+    if not cfg.learner.target_cache:
+        return 0
+    return cfg.ngu.target_update_every if family_of(cfg) == "ngu" else cfg.learner.target_update_every
+
+
+def expected_target_repeats(cfg: Config) -> float:
+    """target_repeat_share for the preset's replay (its replay is uniform in every preset with a target
+    network; a prioritised one repeats its likeliest sequences more often than this)."""
+    lc, rc = cfg.learner, cfg.replay
+    return target_repeat_share(rc.capacity_sequences, lc.batch_size / rc.replay_ratio, lc.batch_size,
+                               _target_period(cfg))
+
+
+def _replay_keyed(batch: dict[str, np.ndarray], repeat: float, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """The bench's batch under new replay keys each step, where a `repeat` share of the rows (at random
+    places) keep the keys of the step before: sequences replay draws again while the target network is
+    unchanged, as the learner sees them in the system (expected_target_repeats)."""
+    rng = np.random.default_rng(seed)
+    size = len(batch["obs"])
+    again = round(repeat * size)
+    keys = np.arange(size, dtype=np.int64)
+    versions = np.zeros(size, np.int64)
+    while True:
+        yield {**batch, "key": keys, "param_version": versions}
+        new = np.arange(keys.max() + 1, keys.max() + 1 + size, dtype=np.int64)
+        kept = rng.choice(size, again, replace=False)
+        new[kept] = keys[kept]
+        keys = new
+
+
 def _one_part_trainer(cfg: Config) -> Trainer:
     """The preset's learner on one core: the batch is not split across threads."""
     return Trainer(cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"split_batch": 1})}))
 
 
 def learner_rate(cfg: Config, seconds: float) -> float:
-    """Learning samples/s: batch x learning length per step (burn-in is extra work, not counted)."""
-    batch = _learner_batch(cfg)
+    """Learning samples/s: batch x learning length per step (burn-in is extra work, not counted). With a
+    target network, its outputs are kept for the share of sequences replay would draw again
+    (expected_target_repeats)."""
+    batches = _replay_keyed(_learner_batch(cfg), expected_target_repeats(cfg))
     trainer = _one_part_trainer(cfg)
-    trainer.train_step(batch)
+    trainer.train_step(next(batches))
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        trainer.train_step(batch)
+        trainer.train_step(next(batches))
         steps += 1
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
@@ -156,8 +209,8 @@ def learner_rate(cfg: Config, seconds: float) -> float:
 def learner_parts(cfg: Config, steps: int = 10) -> dict[str, float]:
     """Milliseconds per learner step in its parts, waiting for the device after each: the batch's copy to
     the learner's device, forward and loss (copy excluded), backward, clipping and the optimiser step; on a
-    GPU also the peak memory allocated (MiB)."""
-    batch = _learner_batch(cfg)
+    GPU also the peak memory allocated (MiB). Target outputs are kept as in learner_rate."""
+    batches = _replay_keyed(_learner_batch(cfg), expected_target_repeats(cfg))
     trainer = _one_part_trainer(cfg)
     cuda = trainer.device.type == "cuda"
 
@@ -168,6 +221,7 @@ def learner_parts(cfg: Config, steps: int = 10) -> dict[str, float]:
 
     totals = dict.fromkeys(("copy", "forward+loss", "backward", "optimiser"), 0.0)
     for i in range(steps + 2):   # two warm-up steps
+        batch = next(batches)
         t0 = wait()
         to_time_major(batch, trainer.device)
         t1 = wait()
@@ -178,6 +232,8 @@ def learner_parts(cfg: Config, steps: int = 10) -> dict[str, float]:
         trainer._clip_gradients()
         trainer.optimiser.step()
         trainer.optimiser.zero_grad(set_to_none=True)
+        trainer.step += 1
+        trainer.loss.after_step(trainer.step)   # the target network's copies, as in train_step
         t4 = wait()
         if i >= 2:
             for part, dt in zip(totals, (t1 - t0, t2 - t1 - (t1 - t0), t3 - t2, t4 - t3), strict=True):
@@ -220,12 +276,15 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
     for o in overrides:
         argv += ["--set", o]
     launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    learner_port = load_config(preset, [f"env.game={game}", *overrides]).endpoints.learner_metrics
     table: list[str] = []
     cpu_window = max(seconds - 5.0, 1.0)   # read before the launcher's stop, which costs CPU of its own
     time.sleep(warmup)
     cpu_start, t_start = service_cpu_seconds(launcher.pid), time.perf_counter()
+    kept_start = _target_cache_counts(learner_port)
     time.sleep(cpu_window)
     cpu_end, t_end = service_cpu_seconds(launcher.pid), time.perf_counter()
+    kept_end = _target_cache_counts(learner_port)
     if profile:
         time.sleep(max(t_start + seconds - time.perf_counter(), 0.0))
         try:
@@ -242,13 +301,28 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
     return {"frames_per_s": (last["frames"] - first["frames"]) / dt,
             "learner_steps_per_s": (last["learner_steps"] - first["learner_steps"]) / dt,
             "seconds": dt, "lag": last["lag"], "profile": table, "cpu": (cpu_start, cpu_end),
-            "cpu_seconds": t_end - t_start}
+            "cpu_seconds": t_end - t_start, "target_repeats": _share(kept_start, kept_end)}
+
+
+def _target_cache_counts(port: int) -> tuple[float, float]:
+    """(hits, lookups) of the learner's kept target outputs so far (lbc.target_cache), 0 where not kept."""
+    samples = scrape(port)
+    return (value(samples, "lbc_learner_target_cache_hits_total") or 0.0,
+            value(samples, "lbc_learner_target_cache_lookups_total") or 0.0)
+
+
+def _share(start: tuple[float, float], end: tuple[float, float]) -> float | None:
+    """hits / lookups between two readings of _target_cache_counts; None without lookups."""
+    lookups = end[1] - start[1]
+    return (end[0] - start[0]) / lookups if lookups > 0 else None
 
 
 # Settings that change how fast a stage runs and not what is learnt per frame (bf16: decision 40, its loss
 # terms within 2% of fp32's, tests/unit/test_devices.py), each measured on the stage it acts on.
 LEVERS: dict[str, tuple[str, list[str]]] = {
     "learner bf16 autocast": ("learner", ["learner.precision=bf16"]),
+    # the preset keeps them (lbc.target_cache): this row is what keeping them gives, read backwards
+    "target outputs not kept": ("learner", ["learner.target_cache=false"]),
 }
 
 
@@ -361,6 +435,9 @@ def main() -> int:
     learner_device = pick_device(cfg.learner.device, "learner.device").type
     print(f"learner alone     (1 core, {learner_device} device, {cfg.learner.precision}): {learn:10,.0f} samples/s",
           flush=True)
+    if _target_period(cfg):
+        print(f"  the target network's outputs kept for {expected_target_repeats(cfg):.0%} of the sequences (what "
+              "replay would draw again before the next copy; lbc.target_cache)", flush=True)
     parts = learner_parts(cfg)
     print("learner step, ms:  " + ", ".join(f"{part} {ms:,.1f}" for part, ms in parts.items()), flush=True)
     ratio = cfg.replay.replay_ratio
@@ -398,6 +475,8 @@ def main() -> int:
         line = (f"end to end ({actors} actor(s), {e2e['seconds']:.0f} s after {args.warmup:.0f} s warm-up): "
                 f"{e2e['frames_per_s']:,.0f} frames/s = {achieved:,.0f} agent steps/s, "
                 f"learner {e2e['learner_steps_per_s']:.2f} steps/s, lag {e2e['lag']}")
+        if e2e["target_repeats"] is not None:
+            line += f", target outputs kept for {e2e['target_repeats']:.0%} of the sequences"
         if sampler is not None:
             util, memory = sampler.stop()
             line += f", GPU {util:.0f}% busy, {memory:,.0f} MiB"

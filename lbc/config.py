@@ -209,6 +209,9 @@ class LearnerConfig(_Section):
     target_update_every: int = Field(0, ge=0, description="learner steps between copies of the network into a "
                                      "target network whose V and Q the V-trace and Retrace targets bootstrap from "
                                      "(DQN, R2D2); 0: none, the online network's own (LBC App. F)")
+    target_cache: bool = Field(True, description="keep the target network's outputs per replayed sequence until "
+                               "the next copy, so a sequence drawn again is not unrolled again (lbc.target_cache; "
+                               "the same values)")
     standardise_advantages: bool = Field(False, description="policy gradient on the batch's advantages less their "
                                          "mean, over their std, per policy (PPO's normalisation)")
     min_target_tau: float = Field(0.05, gt=0.0, description="floor on tau_i in the target policy")

@@ -52,6 +52,18 @@ class Frames:
     def __getitem__(self, index: slice) -> Frames:
         return Frames(self.pixels[index], None if self.medians is None else self.medians[index])
 
+    def take(self, index: torch.Tensor) -> Frames:
+        """The sequences `index` of frames [T, B, C, H, W], each frame kept in its memory layout (index_select
+        would give the default layout, which the torso would copy back into its own)."""
+        steps, _, *frame = self.pixels.shape
+        nhwc = self.pixels[0].is_contiguous(memory_format=torch.channels_last)
+        flat = torch.empty(steps * len(index), *frame, dtype=self.pixels.dtype, device=self.pixels.device,
+                           memory_format=torch.channels_last if nhwc else torch.contiguous_format)
+        pixels = flat.view(steps, len(index), *frame)
+        for j, i in enumerate(index.tolist()):
+            pixels[:, j].copy_(self.pixels[:, i])
+        return Frames(pixels, None if self.medians is None else self.medians.index_select(1, index))
+
     def reshape(self, *shape: int) -> Frames:
         """The frames with the leading axes reshaped, e.g. [T, B, C, H, W] -> [T * B, C, H, W]."""
         lead = shape[:-3]

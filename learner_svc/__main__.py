@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         batch = fetcher.get()
         if batch is None:
             continue
-        versions = batch.pop("param_version")
-        keys = batch.pop("key")
+        # replay's keys and versions stay in the batch: the loss keeps target outputs by them (lbc.target_cache)
+        versions, keys = batch["param_version"], batch["key"]
         try:
             stats = trainer.train_step(batch)
         except GroupBroken as exc:
@@ -178,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
             break
 
     set_serving(health, ["lbc.v1.ParameterService"], serving=False)
+    cache = trainer.loss.target_cache
+    if cache is not None and cache.lookups:
+        log.info("target network's outputs kept for %d of %d sequences drawn (%.0f%%)", cache.hits, cache.lookups,
+                 100.0 * cache.hits / cache.lookups)
     if trainer.step > 0 and trainer.parameters_finite():
         checkpoint.save(ckpt_dir, trainer.agent, trainer.optimiser, counters, trainer.checkpointed_modules())
         log.info("final checkpoint at step %d", trainer.step)
@@ -221,8 +225,7 @@ def follow(cfg: Config, args: argparse.Namespace, stop: threading.Event, log: lo
         batch = fetcher.get()
         if batch is None:
             continue
-        batch.pop("param_version")
-        keys = batch.pop("key")
+        keys = batch["key"]
         try:
             stats = trainer.train_step(batch)
         except GroupBroken as exc:

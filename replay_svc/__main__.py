@@ -111,9 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     stop = stop_event()
     rc = cfg.replay
 
+    # keys from the clock's microseconds: above every key an earlier run of this replay gave (it cannot have
+    # stored a million sequences a second), so none names two sequences to the learner
+    first_key = time.time_ns() // 1000
     buffer = (PrioritisedSequenceBuffer(rc.capacity_sequences, rc.capacity_bytes, rc.priority_exponent,
-                                        rc.importance_exponent)
-              if rc.prioritised else SequenceBuffer(rc.capacity_sequences, rc.capacity_bytes))
+                                        rc.importance_exponent, first_key=first_key)
+              if rc.prioritised else SequenceBuffer(rc.capacity_sequences, rc.capacity_bytes, first_key))
     limiter = RateLimiter(rc.replay_ratio, rc.min_sequences, rc.ratio_tolerance)
     rng = np.random.default_rng(cfg.env.seed + 7)
     reject = RejectLog(log)

@@ -27,11 +27,14 @@ class SequenceBuffer:
     """FIFO of sequences bounded both in count and in bytes; the oldest go first. Uniform sampling
     of distinct sequences."""
 
-    def __init__(self, capacity_sequences: int, capacity_bytes: int) -> None:
+    def __init__(self, capacity_sequences: int, capacity_bytes: int, first_key: int = 0) -> None:
+        """first_key: the first sequence's key, the next ones counting up from it. The service starts it at
+        the wall clock's microseconds, so that a restarted replay never gives a key the learner has seen
+        name another sequence (its priority updates and kept target outputs go by key)."""
         self.capacity_sequences = capacity_sequences
         self.capacity_bytes = capacity_bytes
         self._items: deque[Stored] = deque()
-        self._next_key = 0
+        self._next_key = first_key
         self.nbytes = 0
         self.evicted = 0
 
@@ -81,8 +84,8 @@ class PrioritisedSequenceBuffer(SequenceBuffer):
     """
 
     def __init__(self, capacity_sequences: int, capacity_bytes: int, alpha: float, beta: float,
-                 min_priority: float = 1e-6) -> None:
-        super().__init__(capacity_sequences, capacity_bytes)
+                 min_priority: float = 1e-6, first_key: int = 0) -> None:
+        super().__init__(capacity_sequences, capacity_bytes, first_key)
         self.alpha, self.beta, self.min_priority = alpha, beta, min_priority
         self._by_key: dict[int, Stored] = {}
         self.max_priority = 1.0

@@ -22,6 +22,7 @@ from lbc.losses import LossScales, lbc_policy_loss, sequence_priorities
 from lbc.nets import LBCNet, NetOutput, unroll_after_burn_in
 from lbc.psi import psi_width, split_psi
 from lbc.rewards import REWARD_SHAPING
+from lbc.target_cache import make_target_cache, target_outputs
 
 
 class LbcActing:
@@ -62,6 +63,8 @@ class LbcLoss:
         self.model = model
         # theta^-, copied from the model every learner.target_update_every steps (None: bootstrap online)
         self.target = copy.deepcopy(model).requires_grad_(False) if lc.target_update_every else None
+        self.target_cache = make_target_cache(lc.target_cache and self.target is not None,
+                                              cfg.replay.capacity_sequences, model, cfg.sequence.length + 1)
         self.scales = LossScales(v=lc.v_loss_scale, q=lc.q_loss_scale, pi=lc.pi_loss_scale,
                                  entropy=lc.entropy_cost, rho_bar=lc.rho_bar, c_bar=lc.c_bar, lam=lc.trace_lambda)
         self.shaping = [REWARD_SHAPING[p.reward_shaping] for p in cfg.policies]
@@ -93,7 +96,7 @@ class LbcLoss:
         burn = self.cfg.sequence.burn_in
         frames = model.torso_input(b["obs"])   # read once for both networks
         out = unroll_after_burn_in(model, frames, b, burn, grad=True)
-        target = None if self.target is None else unroll_after_burn_in(self.target, frames, b, burn, grad=False)
+        target = None if self.target is None else target_outputs(self.target, frames, b, burn, self.target_cache)
 
         # all N policies in one loss call: the policy axis is a trailing batch axis
         actions = b["action"][burn:].long()
@@ -109,8 +112,8 @@ class LbcLoss:
             not_terminal.unsqueeze(-1) * self.gammas, self.scales, pg_scale=pg_scale, weights=b.get("weight"),
             centre_q=lc.centre_q, standardise_advantages=lc.standardise_advantages,
             truncated=truncated.unsqueeze(-1).expand(per_policy_steps), truncation_values=b["bootstrap"][burn:],
-            target_adv=target.adv if target is not None else None,
-            target_value=target.value if target is not None else None)
+            target_adv=target[0] if target is not None else None,
+            target_value=target[1] if target is not None else None)
         terms = torch.stack([loss.v, loss.q, loss.pi, loss.entropy], dim=-1).detach()
         priorities = sequence_priorities(loss.abs_td, self.cfg.replay.priority_eta).max(-1).values
         return LossOutput(loss.total, terms, priorities)
@@ -127,3 +130,5 @@ class LbcLoss:
     def after_step(self, step: int) -> None:
         if self.target is not None and step % self.cfg.learner.target_update_every == 0:
             self.target.load_state_dict(self.model.state_dict())
+            if self.target_cache is not None:
+                self.target_cache.clear()

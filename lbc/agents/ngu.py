@@ -26,6 +26,7 @@ from lbc.ngu import IntrinsicRewards, core_inputs, environment_epsilons, environ
 from lbc.ngu_nets import NguAux
 from lbc.psi import psi_width
 from lbc.rewards import REWARD_SHAPING
+from lbc.target_cache import make_target_cache, target_outputs
 
 
 class NguActing:
@@ -67,11 +68,16 @@ class NguActing:
 
     def behaviour(self, out: NetOutput) -> torch.Tensor:
         """mu [E, A]: epsilon-greedy on Q(x_t, ., j) = V + A of the one head, with each environment's eps."""
-        q = out.value[0, :, :1] + out.adv[0, :, 0]
+        q = q_of_heads(out.adv[0], out.value[0])
         return epsilon_greedy(q, self.epsilon)
 
     def exploits(self, env: int) -> bool:
         return bool(self.mixture[env] == 0)
+
+
+def q_of_heads(adv: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Q(x, ., j) = V + A [..., A] from the net's one head: adv [..., 1, A], value [..., 1]."""
+    return value[..., :1] + adv[..., 0, :]
 
 
 class NguLoss:
@@ -90,16 +96,20 @@ class NguLoss:
         self.model = model
         self.aux = aux
         self.target = copy.deepcopy(model).requires_grad_(False)
+        self.target_cache = make_target_cache(cfg.learner.target_cache, cfg.replay.capacity_sequences, model,
+                                              cfg.sequence.length + 1)
 
     def sync_target(self) -> None:
         """theta^- <- theta (every ngu.target_update_every steps)."""
         self.target.load_state_dict(self.model.state_dict())
+        if self.target_cache is not None:
+            self.target_cache.clear()
 
     def q_values(self, net: LBCNet, frames: torch.Tensor | Frames, b: dict[str, torch.Tensor], extra: torch.Tensor,
                  grad: bool) -> torch.Tensor:
         """Q(x_t, ., j) [T+1, B, A] of the learning steps, after burn-in from the stored state."""
         out = unroll_after_burn_in(net, frames, b, self.cfg.sequence.burn_in, grad, extra)
-        return out.value[..., :1] + out.adv[..., 0, :]
+        return q_of_heads(out.adv, out.value)
 
     def __call__(self, model: LBCNet, b: dict[str, torch.Tensor]) -> LossOutput:
         ng = self.cfg.ngu
@@ -107,7 +117,8 @@ class NguLoss:
         extra = core_inputs(b["mixture"], b["prev_intrinsic"], ng.num_mixtures)
         frames = model.torso_input(b["obs"])   # read once for both networks
         q_online = self.q_values(model, frames, b, extra, grad=True)
-        q_target = self.q_values(self.target, frames, b, extra, grad=False)
+        adv, value = target_outputs(self.target, frames, b, burn, self.target_cache, extra)
+        q_target = q_of_heads(adv, value)
 
         actions = b["action"][burn:].long()
         not_done = 1.0 - b["done"][burn:].float()

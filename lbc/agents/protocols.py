@@ -11,6 +11,7 @@ import torch
 
 from lbc.behaviour import EpisodeBehaviour
 from lbc.nets import LBCNet, NetOutput
+from lbc.target_cache import TargetOutputCache
 
 
 class Acting(Protocol):
@@ -52,6 +53,7 @@ class Loss(Protocol):
     """An algorithm's learner loss over a batch of sequences, time-major ([T, B, ...]; h0/c0 [B, H])."""
 
     TERMS: tuple[str, ...]   # the names of LossOutput.terms' columns
+    target_cache: TargetOutputCache | None   # a target network's outputs kept per sequence (lbc.target_cache)
 
     def __call__(self, model: LBCNet, batch: dict[str, torch.Tensor]) -> LossOutput:
         """Burn-in from the stored state, forward, and the loss of every policy."""

@@ -130,9 +130,11 @@ def test_prioritised_replay_follows_the_learners_priorities(start_replay):
     first = batch()
     assert (first["weight"] == 1.0).all()        # every new sequence enters at the same (max) priority
     keys = np.array(sorted({int(k) for k in first["key"]}), np.int64)
-    # sequence keys are assigned in insertion order: make the one with version 5 dominate (p 1000 vs 0.01)
-    all_keys = np.arange(48, dtype=np.int64)
-    priorities = np.where(all_keys == 5, 1000.0, 0.01).astype(np.float32)
+    # sequence keys count up in insertion order from the first one's: make the one with version 5 dominate
+    # (p 1000 vs 0.01)
+    first_key = int(first["key"][0]) - int(first["param_version"][0])
+    all_keys = first_key + np.arange(48, dtype=np.int64)
+    priorities = np.where(all_keys == first_key + 5, 1000.0, 0.01).astype(np.float32)
     dealer.send_multipart(codec.encode("priorities", {"key": all_keys, "priority": priorities}))
     dealer.send_multipart(codec.encode("priorities", {"key": keys, "priority": -np.ones(len(keys), np.float32)}))
     wait_for(lambda: metric(port, "lbc_replay_priority_updates_total") >= 48, 10, "priority updates")
@@ -161,21 +163,30 @@ def test_a_restarted_replay_serves_from_its_snapshot(start_replay):
     for version in range(40):
         push.send_multipart(codec.encode("sequence", _sequence(cfg, rng), param_version=version))
     wait_for(lambda: metric(port, "lbc_replay_inserted_total") >= 40, 20, "inserts")
+
+    def batch(o):
+        dealer = zmq.Context.instance().socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(o["endpoints.replay_serve"])
+        dealer.send_multipart(codec.encode("batch_request", {}, meta={"batch_size": "8"}))
+        assert dealer.poll(5000), "no batch"
+        arrays = codec.decode(dealer.recv_multipart(), max_bytes=10**8, expected_kind="batch").arrays
+        dealer.close()
+        return arrays
+
+    before = batch(o)
     push.close()
     assert svc.stop() == 0, svc.log()
     assert "snapshot of 40 sequences" in svc.log()
 
     cfg, o, svc, port, push = start_replay(settings)
     assert metric(port, "lbc_replay_sequences") == 40 and "restored 40 sequences" in svc.log()
-    dealer = zmq.Context.instance().socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.connect(o["endpoints.replay_serve"])
-    dealer.send_multipart(codec.encode("batch_request", {}, meta={"batch_size": "8"}))
-    assert dealer.poll(5000), "no batch from the restored buffer"
-    msg = codec.decode(dealer.recv_multipart(), max_bytes=10**8, expected_kind="batch")
-    assert set(msg.arrays["param_version"].tolist()) <= set(range(40))
+    after = batch(o)   # from the restored buffer, before any actor sends anything
+    assert set(after["param_version"].tolist()) <= set(range(40))
+    # the restored sequences have new keys, above every key of the first run: a key the learner keeps
+    # (priority updates, target outputs) never names another sequence
+    assert after["key"].min() > before["key"].max() + 40
     push.close()
-    dealer.close()
     assert svc.stop() == 0, svc.log()
 
 

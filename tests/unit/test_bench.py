@@ -1,5 +1,6 @@
 """The throughput benchmark's ceiling, by hand."""
 
+import numpy as np
 import pytest
 
 from bench.throughput import build_parser, ceiling_rate
@@ -77,3 +78,40 @@ def test_service_cpu_seconds_counts_a_busy_child_under_its_service_name():
         parent.wait(timeout=30)
     assert "learner_svc" in after
     assert after["learner_svc"] - before.get("learner_svc", 0.0) > 0.3
+
+
+def _simulated_repeat_share(capacity, inserted, batch, period, periods, seed=0):
+    """A FIFO replay by brute force: full at the start, `inserted` new sequences and `batch` distinct uniform
+    draws per learner step; the share of draws already drawn since the period's start."""
+    rng = np.random.default_rng(seed)
+    newest = capacity   # keys 0 .. capacity - 1 stored
+    seen, hits, draws = set(), 0, 0
+    for step in range(period * periods):
+        if step % period == 0:
+            seen = set()   # the copy into the target network
+        newest += inserted
+        drawn = rng.choice(capacity, batch, replace=False) + newest - capacity
+        hits += sum(int(k) in seen for k in drawn)
+        draws += batch
+        seen.update(int(k) for k in drawn)
+    return hits / draws
+
+
+@pytest.mark.parametrize(("capacity", "inserted", "batch", "period"),
+                         [(2000, 8, 16, 250), (500, 16, 32, 100), (1000, 4, 8, 40)])
+def test_target_repeat_share_matches_a_replay_drawn_by_brute_force(capacity, inserted, batch, period):
+    from bench.throughput import target_repeat_share
+    want = _simulated_repeat_share(capacity, inserted, batch, period, periods=30)
+    assert target_repeat_share(capacity, inserted, batch, period) == pytest.approx(want, abs=0.015)
+    assert target_repeat_share(capacity, inserted, batch, 0) == 0.0   # no target network
+
+
+def test_the_learner_stage_keeps_the_previous_steps_keys_for_the_repeat_share():
+    from bench.throughput import _replay_keyed
+    batch = {"obs": np.zeros((16, 2), np.uint8)}
+    batches = _replay_keyed(batch, 0.25)
+    steps = [next(batches)["key"].copy() for _ in range(5)]
+    for before, after in zip(steps, steps[1:], strict=False):
+        assert len(set(after)) == 16 and len(set(before) & set(after)) == 4
+        assert min(set(after) - set(before)) > before.max()   # the others are new
+    assert next(_replay_keyed(batch, 0.0))["param_version"].tolist() == [0] * 16
