@@ -48,6 +48,11 @@ class TargetOutputCache:
     def __len__(self) -> int:
         return len(self._rows)
 
+    def describe(self) -> str:
+        """How many looked-up sequences were served, for the learner's log."""
+        share = 100.0 * self.hits / self.lookups if self.lookups else 0.0
+        return f"target network's outputs kept for {self.hits} of {self.lookups} sequences drawn ({share:.0f}%)"
+
     def clear(self) -> None:
         """Forget every entry: the target network has changed."""
         with self._lock:

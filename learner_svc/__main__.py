@@ -172,16 +172,15 @@ def main(argv: list[str] | None = None) -> int:
             log.info("checkpoint %s", path)
         if time.monotonic() - last_log > 30:
             last_log = time.monotonic()
-            log.info("step %d version %d loss %.4f grad-norm %.2f lag %.1f", trainer.step, counters.version,
-                     stats.loss, stats.grad_norm, float(lag.mean()))
+            log.info("step %d version %d loss %.4f grad-norm %.2f lag %.1f%s", trainer.step, counters.version,
+                     stats.loss, stats.grad_norm, float(lag.mean()),
+                     "" if trainer.loss.target_cache is None else "; " + trainer.loss.target_cache.describe())
         if args.max_steps and trainer.step >= args.max_steps:
             break
 
     set_serving(health, ["lbc.v1.ParameterService"], serving=False)
-    cache = trainer.loss.target_cache
-    if cache is not None and cache.lookups:
-        log.info("target network's outputs kept for %d of %d sequences drawn (%.0f%%)", cache.hits, cache.lookups,
-                 100.0 * cache.hits / cache.lookups)
+    if trainer.loss.target_cache is not None:
+        log.info("%s", trainer.loss.target_cache.describe())
     if trainer.step > 0 and trainer.parameters_finite():
         checkpoint.save(ckpt_dir, trainer.agent, trainer.optimiser, counters, trainer.checkpointed_modules())
         log.info("final checkpoint at step %d", trainer.step)

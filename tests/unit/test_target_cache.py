@@ -108,6 +108,7 @@ def test_the_cache_goes_by_key_and_version_and_forgets_the_oldest_first():
     assert [f is None for f in found] == [True, False, False, True, False]
     assert torch.equal(found[1][0], adv[:, 1]) and torch.equal(found[2][1], value[:, 3])
     assert (cache.lookups, cache.hits) == (5, 3)
+    assert cache.describe() == "target network's outputs kept for 3 of 5 sequences drawn (60%)"
     adv[:, 1] = -1.0                                               # kept rows are copies
     assert torch.equal(cache.lookup([11], [1])[0][0], torch.arange(2 * 4 * 2 * 3.0).view(2, 4, 2, 3)[:, 1])
     cache.clear()
