@@ -104,7 +104,7 @@ def target_outputs(net: LBCNet, frames: torch.Tensor | Frames, b: dict[str, torc
         cache.store(keys, versions, out.adv, out.value)
         return out.adv, out.value
     if missing:
-        index = torch.tensor(missing, device=b["key"].device)
+        index = torch.tensor(missing, device=b["h0"].device)
         sub_frames = frames.take(index) if isinstance(frames, Frames) else frames.index_select(1, index)
         sub_extra = None if extra is None else extra.index_select(1, index)
         out = unroll_after_burn_in(net, sub_frames, _sequences(b, index), burn, grad=False, extra=sub_extra)

@@ -38,13 +38,16 @@ class StepStats:
 
 CPU = torch.device("cpu")
 PER_SEQUENCE = ("h0", "c0", "param_version", "key", "weight")   # [B, ...], not per time step
+# replay's names for the sequences: read on the host (lbc.target_cache), where a GPU copy would cost a sync
+ON_HOST = ("param_version", "key")
 
 
 def to_time_major(batch: dict[str, np.ndarray], device: torch.device = CPU) -> dict[str, torch.Tensor]:
-    """[B, T, ...] numpy arrays to [T, B, ...] tensors on `device`; h0/c0 stay [B, H]."""
+    """[B, T, ...] numpy arrays to [T, B, ...] tensors on `device` (replay's keys and versions on the host);
+    h0/c0 stay [B, H]."""
     out: dict[str, torch.Tensor] = {}
     for name, arr in batch.items():
-        t = to_device(arr, device)
+        t = to_device(arr, CPU if name in ON_HOST else device)
         out[name] = t if name in PER_SEQUENCE else t.transpose(0, 1)
     return out
 
