@@ -30,6 +30,7 @@ _UNROLL_INPUTS = ("prev_action", "prev_reward", "reset")
 _STATE = ("h0", "c0")
 
 Outputs = tuple[torch.Tensor, torch.Tensor]   # (adv [T, N, A], value [T, N]) of one sequence
+MAX_BYTES = 256 * 2**20   # what the kept outputs may take at most
 
 
 class TargetOutputCache:
@@ -99,22 +100,19 @@ def target_outputs(net: LBCNet, frames: torch.Tensor | Frames, b: dict[str, torc
     versions = b["param_version"].tolist()
     kept = cache.lookup(keys, versions)
     missing = [i for i, row in enumerate(kept) if row is None]
-    if len(missing) == len(keys):
-        out = unroll_after_burn_in(net, frames, b, burn, grad=False, extra=extra)
-        cache.store(keys, versions, out.adv, out.value)
-        return out.adv, out.value
     if missing:
-        index = torch.tensor(missing, device=b["h0"].device)
-        sub_frames = frames.take(index) if isinstance(frames, Frames) else frames.index_select(1, index)
-        sub_extra = None if extra is None else extra.index_select(1, index)
-        out = unroll_after_burn_in(net, sub_frames, _sequences(b, index), burn, grad=False, extra=sub_extra)
+        if len(missing) < len(keys):   # only the sequences not kept, gathered (all of them need no copy)
+            index = torch.tensor(missing, device=b["h0"].device)
+            frames = frames.take(index) if isinstance(frames, Frames) else frames.index_select(1, index)
+            extra = None if extra is None else extra.index_select(1, index)
+            b = _sequences(b, index)
+        out = unroll_after_burn_in(net, frames, b, burn, grad=False, extra=extra)
         cache.store([keys[i] for i in missing], [versions[i] for i in missing], out.adv, out.value)
+        if len(missing) == len(keys):
+            return out.adv, out.value
         for j, i in enumerate(missing):
             kept[i] = (out.adv[:, j], out.value[:, j])
     return (torch.stack([row[0] for row in kept], dim=1), torch.stack([row[1] for row in kept], dim=1))
-
-
-MAX_BYTES = 256 * 2**20   # what the kept outputs may take at most
 
 
 def make_target_cache(enabled: bool, capacity_sequences: int, model: LBCNet, steps: int) -> TargetOutputCache | None:
