@@ -191,19 +191,26 @@ def _one_part_trainer(cfg: Config) -> Trainer:
 
 
 def learner_rate(cfg: Config, seconds: float) -> float:
-    """Learning samples/s: batch x learning length per step (burn-in is extra work, not counted). With a
-    target network, its outputs are kept for the share of sequences replay would draw again
-    (expected_target_repeats)."""
+    """Learning samples per second of one core: batch x learning length per step (burn-in is extra work, not
+    counted). With a target network, its outputs are kept for the share of sequences replay would draw again
+    (expected_target_repeats). With learner.prepare_ahead a CPU learner prepares each next batch in a second
+    thread, and the rate is per second of CPU time over both threads (the ceiling counts cores); a GPU
+    learner's is per second of wall clock either way."""
     batches = _replay_keyed(_learner_batch(cfg), expected_target_repeats(cfg))
     trainer = _one_part_trainer(cfg)
-    trainer.train_step(next(batches))
-    steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        trainer.train_step(next(batches))
+    ahead = cfg.learner.prepare_ahead
+    clock = time.process_time if ahead and trainer.device.type == "cpu" else time.perf_counter
+    upcoming = next(batches)
+    steps, start, wall = -1, 0.0, time.perf_counter()
+    while steps < 0 or time.perf_counter() - wall < seconds:
+        batch, upcoming = upcoming, next(batches)
+        trainer.train_step(batch, upcoming if ahead else None)
+        if steps < 0:   # the first step (and the second's preparation) is warm-up
+            start, wall = clock(), time.perf_counter()
         steps += 1
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
-    return steps * cfg.learner.batch_size * cfg.sequence.length / (time.perf_counter() - start)
+    return steps * cfg.learner.batch_size * cfg.sequence.length / (clock() - start)
 
 
 def learner_parts(cfg: Config, steps: int = 10) -> dict[str, float]:
@@ -323,6 +330,8 @@ LEVERS: dict[str, tuple[str, list[str]]] = {
     "learner bf16 autocast": ("learner", ["learner.precision=bf16"]),
     # the preset keeps them (lbc.target_cache): this row is what keeping them gives, read backwards
     "target outputs not kept": ("learner", ["learner.target_cache=false"]),
+    # likewise where the preset prepares batches ahead (`cpu`): the learner's CPU per sample without it
+    "batches not prepared ahead": ("learner", ["learner.prepare_ahead=false"]),
 }
 
 
@@ -435,6 +444,9 @@ def main() -> int:
     learner_device = pick_device(cfg.learner.device, "learner.device").type
     print(f"learner alone     (1 core, {learner_device} device, {cfg.learner.precision}): {learn:10,.0f} samples/s",
           flush=True)
+    if cfg.learner.prepare_ahead and learner_device == "cpu":
+        print("  per second of CPU time: the next batch prepared in a second thread (learner.prepare_ahead)",
+              flush=True)
     if _target_period(cfg):
         print(f"  the target network's outputs kept for {expected_target_repeats(cfg):.0%} of the sequences (what "
               "replay would draw again before the next copy; lbc.target_cache)", flush=True)

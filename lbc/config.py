@@ -219,7 +219,11 @@ class LearnerConfig(_Section):
     threads: int = Field(1, ge=1, description="intra-op threads of the learner")
     split_batch: int = Field(1, ge=1, description="parts of each batch computed at once in threads (one "
                                                   "intra-op thread each suits a CPU shared with actors)")
-    prefetch: int = Field(2, ge=1)
+    prefetch: int = Field(2, ge=1, description="batches fetched from replay ahead of the one training (one of "
+                          "them held by the learner when prepare_ahead)")
+    prepare_ahead: bool = Field(False, description="read the next batch's frames and unroll the target network "
+                                "over it in a thread of its own while this step trains (the same values; "
+                                "learner_svc.training)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when a GPU is visible")
     replicas: int = Field(1, ge=1, le=64, description="learner processes training one model, each on its own "
                           "batches, gradients averaged every step (learner_svc.replicas); replica 0 publishes "

@@ -114,13 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     samples_per_batch = cfg.learner.batch_size * cfg.sequence.length
     last_log = time.monotonic()
     while not stop.is_set():
-        batch = fetcher.get()
+        batch, upcoming = fetcher.next_pair()
         if batch is None:
             continue
         # replay's keys and versions stay in the batch: the loss keeps target outputs by them (lbc.target_cache)
         versions, keys = batch["param_version"], batch["key"]
         try:
-            stats = trainer.train_step(batch)
+            stats = trainer.train_step(batch, upcoming)
         except GroupBroken as exc:
             # a replica stopped: keep what this step had not yet changed, and let the group start again
             checkpoint.save(ckpt_dir, trainer.agent, trainer.optimiser, counters, trainer.checkpointed_modules())
@@ -174,13 +174,13 @@ def main(argv: list[str] | None = None) -> int:
             last_log = time.monotonic()
             log.info("step %d version %d loss %.4f grad-norm %.2f lag %.1f%s", trainer.step, counters.version,
                      stats.loss, stats.grad_norm, float(lag.mean()),
-                     "" if trainer.loss.target_cache is None else "; " + trainer.loss.target_cache.describe())
+                     "".join("; " + part for part in trainer.describe_work()))
         if args.max_steps and trainer.step >= args.max_steps:
             break
 
     set_serving(health, ["lbc.v1.ParameterService"], serving=False)
-    if trainer.loss.target_cache is not None:
-        log.info("%s", trainer.loss.target_cache.describe())
+    for part in trainer.describe_work():
+        log.info("%s", part)
     if trainer.step > 0 and trainer.parameters_finite():
         checkpoint.save(ckpt_dir, trainer.agent, trainer.optimiser, counters, trainer.checkpointed_modules())
         log.info("final checkpoint at step %d", trainer.step)
@@ -221,12 +221,12 @@ def follow(cfg: Config, args: argparse.Namespace, stop: threading.Event, log: lo
     fetcher.start()
     samples_per_batch = cfg.learner.batch_size * cfg.sequence.length
     while not stop.is_set():
-        batch = fetcher.get()
+        batch, upcoming = fetcher.next_pair()
         if batch is None:
             continue
         keys = batch["key"]
         try:
-            stats = trainer.train_step(batch)
+            stats = trainer.train_step(batch, upcoming)
         except GroupBroken as exc:
             log.error("learner replica group broken at step %d (%s); exiting to meet the group again",
                       trainer.step, exc)

@@ -24,6 +24,7 @@ from lbc.sequences import validate_batch
 
 log = logging.getLogger("learner")
 
+AHEAD_WAIT_S = 0.02   # a thread switch or two: what the fetcher takes to put a batch it holds
 REJECTED = Counter("lbc_learner_batches_rejected_total", "Batches that failed validation", ["reason"])
 WAIT = Histogram("lbc_learner_batch_wait_seconds", "Time waiting for replay per batch",
                  buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
@@ -38,7 +39,11 @@ class BatchFetcher:
         self.stop = stop
         self.timeout_ms = int(request_timeout_s * 1000)
         self.batch_size = cfg.learner.batch_size
-        self.queue: queue.Queue[dict[str, np.ndarray]] = queue.Queue(maxsize=cfg.learner.prefetch)
+        # prepare_ahead: the learner holds the next batch out of the queue, so batches ahead stay `prefetch`
+        self.ahead = cfg.learner.prepare_ahead
+        self.queue: queue.Queue[dict[str, np.ndarray]] = queue.Queue(
+            maxsize=max(1, cfg.learner.prefetch - self.ahead))
+        self._held: dict[str, np.ndarray] | None = None
         self.outgoing: queue.Queue[list[bytes | memoryview]] = queue.Queue(maxsize=64)
         self.thread = threading.Thread(target=self._run, name="batch-fetcher", daemon=True)
 
@@ -51,6 +56,20 @@ class BatchFetcher:
             return self.queue.get(timeout=timeout)
         except queue.Empty:
             return None
+
+    def next_pair(self, timeout: float = 0.5, ahead_wait: float = AHEAD_WAIT_S
+                  ) -> tuple[dict[str, np.ndarray] | None, dict[str, np.ndarray] | None]:
+        """(the batch to train on now, or None after timeout; with learner.prepare_ahead the batch after it
+        when it arrives within `ahead_wait`, else None). The second is the first of the next call."""
+        batch, self._held = self._held, None
+        if batch is None:
+            batch = self.get(timeout)
+        if batch is not None and self.ahead:
+            try:   # the fetcher may hold the next batch already, waiting to put it into the queue just freed
+                self._held = self.queue.get(timeout=ahead_wait)
+            except queue.Empty:
+                pass
+        return batch, self._held
 
     def send_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
         """Queue a priority update for the sequences `keys`; dropped if replay is far behind."""

@@ -6,18 +6,23 @@ stored recurrent state, then every policy's losses) on parts of the batch, clipp
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from prometheus_client import Counter
 
-from lbc.agents import LossOutput, make_loss
+from lbc.agents import LossOutput, Prepared, make_loss
 from lbc.config import Config, LearnerConfig
 from lbc.devices import pick_device, to_device
 from lbc.envs import env_spec
 from lbc.nets import LBCNet, build_agent, policy_net
 from learner_svc.replicas import ReplicaGroup
+
+PREPARED_AHEAD = Counter("lbc_learner_batches_prepared_ahead_total", "Steps whose batch was prepared while the step "
+                         "before trained (learner.prepare_ahead)")
 
 
 def schedule_factor(step: int, warmup: int, anneal: int) -> float:
@@ -82,6 +87,10 @@ class Trainer:
         # parallelism they need no barrier, so a core shared with an actor is not left waiting
         self.pool = ThreadPoolExecutor(lc.split_batch, thread_name_prefix="learner-part") \
             if lc.split_batch > 1 else None
+        # prepare_ahead: the next batch's Loss.prepare runs here while a step trains; (that batch, its parts)
+        self.ahead = ThreadPoolExecutor(1, thread_name_prefix="learner-prepare") if lc.prepare_ahead else None
+        self._prepared: tuple[dict[str, np.ndarray], list[Prepared]] | None = None
+        self.prepared_ahead = 0   # steps whose batch was prepared ahead
 
     @property
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -93,15 +102,44 @@ class Trainer:
         """The loss terms reported per policy."""
         return self.loss.TERMS
 
+    def describe_work(self) -> list[str]:
+        """What the learner saved itself so far (kept target outputs, batches prepared ahead), for its log."""
+        parts = [] if self.loss.target_cache is None else [self.loss.target_cache.describe()]
+        if self.ahead is not None:
+            parts.append(f"{self.prepared_ahead} of {self.step} steps trained on batches prepared ahead")
+        return parts
+
     def checkpointed_modules(self) -> dict[str, torch.nn.Module]:
         """Modules besides the agent whose state a checkpoint must keep."""
         return self.loss.checkpointed()
 
+    def _autocast(self) -> AbstractContextManager:
+        return torch.autocast(self.device.type, torch.bfloat16, enabled=self.cfg.learner.precision == "bf16")
+
     def _loss(self, batch: dict[str, np.ndarray]) -> LossOutput:
         """The family's loss for (part of) a batch: (total as a mean over time and batch, terms
         [N, len(terms)], priorities [B])."""
-        with torch.autocast(self.device.type, torch.bfloat16, enabled=self.cfg.learner.precision == "bf16"):
-            return self.loss(self.model, to_time_major(batch, self.device))
+        with self._autocast():
+            return self.loss(self.model, self.loss.prepare(self.model, to_time_major(batch, self.device)))
+
+    def prepare(self, batch: dict[str, np.ndarray]) -> list[Prepared]:
+        """Loss.prepare of each of the batch's `split_batch` parts: what the online parameters do not change."""
+        size = next(iter(batch.values())).shape[0]
+        bounds = np.linspace(0, size, self.cfg.learner.split_batch + 1).astype(int)
+        with self._autocast():
+            return [self.loss.prepare(self.model, to_time_major({k: v[lo:hi] for k, v in batch.items()}, self.device))
+                    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+
+    def _prepared_parts(self, batch: dict[str, np.ndarray]) -> list[Prepared]:
+        """The batch's parts as prepared ahead, when they were and the target network has not changed since;
+        otherwise prepared now."""
+        ahead, self._prepared = self._prepared, None
+        if ahead is not None and ahead[0] is batch and all(p.target_version == self.loss.target_version
+                                                           for p in ahead[1]):
+            self.prepared_ahead += 1
+            PREPARED_AHEAD.inc()
+            return ahead[1]
+        return self.prepare(batch)
 
     def _probe_frames(self, batch: dict[str, np.ndarray], frames: int = 256) -> torch.Tensor:
         """Up to `frames` of the batch's learned-on frames (after burn-in), spread over the batch."""
@@ -133,29 +171,48 @@ class Trainer:
         checkpoint, so a broken model is never served nor saved."""
         return all(bool(torch.isfinite(t).all()) for t in self.agent.state_dict().values() if t.is_floating_point())
 
-    def _split_backward(self, batch: dict[str, np.ndarray]) -> tuple[float, torch.Tensor, torch.Tensor]:
-        """Loss and backward on `split_batch` parts of the batch at once, in threads (the parts' gradients,
-        weighted by their share of the batch, accumulate into .grad). Returns (loss, terms, priorities)."""
-        parts = self.cfg.learner.split_batch
-        size = next(iter(batch.values())).shape[0]
-        bounds = np.linspace(0, size, parts + 1).astype(int)
+    def _split_backward(self, parts: list[Prepared]) -> tuple[float, torch.Tensor, torch.Tensor]:
+        """Loss and backward on the batch's prepared parts at once, in threads (the parts' gradients, weighted
+        by their share of the batch, accumulate into .grad). Returns (loss, terms, priorities)."""
+        sizes = [p.batch["action"].shape[1] for p in parts]
+        size = sum(sizes)
 
         def part(i: int) -> tuple[float, torch.Tensor, torch.Tensor]:
-            lo, hi = bounds[i], bounds[i + 1]
-            total, terms, priorities = self._loss({k: v[lo:hi] for k, v in batch.items()})
-            share = (hi - lo) / size   # the part's means weigh by its share of the batch
+            with self._autocast():
+                total, terms, priorities = self.loss(self.model, parts[i])
+            share = sizes[i] / size   # the part's means weigh by its share of the batch
             weight = share * (self.cfg.sequence.length * size if self.cfg.learner.loss_reduction == "sum" else 1)
             (total * weight).backward()
             return float(total.detach()) * weight, terms * share, priorities
 
         if self.pool is None:
-            results = [part(0)]
+            results = [part(i) for i in range(len(parts))]
         else:
-            results = list(self.pool.map(part, range(parts)))
+            results = list(self.pool.map(part, range(len(parts))))
         return (sum(r[0] for r in results), sum(r[1] for r in results),
                 torch.cat([r[2] for r in results]))
 
-    def train_step(self, batch: dict[str, np.ndarray]) -> StepStats:
+    def train_step(self, batch: dict[str, np.ndarray], upcoming: dict[str, np.ndarray] | None = None) -> StepStats:
+        """One optimiser step on `batch`. With learner.prepare_ahead, `upcoming` (the batch the next call will
+        get) is prepared in a thread of its own meanwhile; its target outputs are made again if this step
+        copies the model into the target network."""
+        parts = self._prepared_parts(batch)
+        ahead: Future | None = None
+        if self.ahead is not None and upcoming is not None:
+            ahead = self.ahead.submit(self.prepare, upcoming)
+        try:
+            stats = self._optimise(parts)
+        finally:   # before after_step: the target network must not change under the upcoming batch's unroll
+            # a preparation that failed is made again in its batch's own step, which raises where it trains
+            if ahead is not None and ahead.exception() is None:
+                self._prepared = (upcoming, ahead.result())
+        if not stats.skipped:
+            self.step += 1
+            self.loss.after_step(self.step)
+        return stats
+
+    def _optimise(self, parts: list[Prepared]) -> StepStats:
+        """Loss, gradients, clipping and the optimiser's step on the prepared parts of one batch."""
         lc = self.cfg.learner
         factor = schedule_factor(self.step, lc.warmup_steps, lc.anneal_steps)
         for group in self.optimiser.param_groups:
@@ -165,7 +222,7 @@ class Trainer:
             group["weight_decay"] = lc.weight_decay * max(0.0, 1.0 - self.step / lc.anneal_steps)
 
         self.optimiser.zero_grad(set_to_none=True)
-        loss, terms, priorities = self._split_backward(batch)
+        loss, terms, priorities = self._split_backward(parts)
         if self.group is not None:
             finite = np.isfinite(loss) and all(bool(torch.isfinite(p.grad).all()) for p in self.parameters
                                                if p.grad is not None)
@@ -178,8 +235,6 @@ class Trainer:
             return StepStats(loss=loss, per_policy=[], grad_norm=grad_norm, learning_rate=lc.learning_rate * factor,
                              priorities=np.zeros(0, np.float32), skipped=True)
         self.optimiser.step()
-        self.step += 1
-        self.loss.after_step(self.step)
         per_policy = [dict(zip(self.terms, row, strict=True)) for row in terms.tolist()]
         return StepStats(loss=loss, per_policy=per_policy, grad_norm=grad_norm,
                          learning_rate=lc.learning_rate * factor, priorities=priorities.cpu().numpy())

@@ -18,12 +18,12 @@ import torch
 
 from lbc.agents.lbc_family import LbcActing, LbcLoss
 from lbc.agents.ngu import NguActing, NguLoss
-from lbc.agents.protocols import Acting, Loss, LossOutput
+from lbc.agents.protocols import Acting, Loss, LossOutput, Prepared
 from lbc.config import Config
 from lbc.family import family_of
 from lbc.nets import policy_net
 
-__all__ = ["Acting", "Loss", "LossOutput", "family_of", "make_acting", "make_loss"]
+__all__ = ["Acting", "Loss", "LossOutput", "Prepared", "family_of", "make_acting", "make_loss"]
 
 
 def make_acting(cfg: Config, agent: torch.nn.Module, num_envs: int, actor_index: int = 0) -> Acting:

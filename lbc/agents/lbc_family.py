@@ -15,7 +15,7 @@ import copy
 import numpy as np
 import torch
 
-from lbc.agents.protocols import LossOutput
+from lbc.agents.protocols import LossOutput, Prepared
 from lbc.behaviour import EpisodeBehaviour, behaviour_probs, log_boltzmann_mixture
 from lbc.config import Config
 from lbc.losses import LossScales, lbc_policy_loss, sequence_priorities
@@ -63,6 +63,7 @@ class LbcLoss:
         self.model = model
         # theta^-, copied from the model every learner.target_update_every steps (None: bootstrap online)
         self.target = copy.deepcopy(model).requires_grad_(False) if lc.target_update_every else None
+        self.target_version = 0
         self.target_cache = make_target_cache(lc.target_cache and self.target is not None,
                                               cfg.replay.capacity_sequences, model, cfg.sequence.length + 1)
         self.scales = LossScales(v=lc.v_loss_scale, q=lc.q_loss_scale, pi=lc.pi_loss_scale,
@@ -91,12 +92,17 @@ class LbcLoss:
         mixture = log_boltzmann_mixture(adv[:, :, self.components], *split_psi(psi, k))
         return mixture.unsqueeze(2).expand_as(adv), None
 
-    def __call__(self, model: LBCNet, b: dict[str, torch.Tensor]) -> LossOutput:
+    def prepare(self, model: LBCNet, b: dict[str, torch.Tensor]) -> Prepared:
+        frames = model.torso_input(b["obs"])   # read once for both networks
+        target = None if self.target is None else target_outputs(self.target, frames, b, self.cfg.sequence.burn_in,
+                                                                 self.target_cache)
+        return Prepared(b, frames, None, target, self.target_version)
+
+    def __call__(self, model: LBCNet, prepared: Prepared) -> LossOutput:
         lc = self.cfg.learner
         burn = self.cfg.sequence.burn_in
-        frames = model.torso_input(b["obs"])   # read once for both networks
-        out = unroll_after_burn_in(model, frames, b, burn, grad=True)
-        target = None if self.target is None else target_outputs(self.target, frames, b, burn, self.target_cache)
+        b, target = prepared.batch, prepared.target
+        out = unroll_after_burn_in(model, prepared.frames, b, burn, grad=True)
 
         # all N policies in one loss call: the policy axis is a trailing batch axis
         actions = b["action"][burn:].long()
@@ -130,5 +136,6 @@ class LbcLoss:
     def after_step(self, step: int) -> None:
         if self.target is not None and step % self.cfg.learner.target_update_every == 0:
             self.target.load_state_dict(self.model.state_dict())
+            self.target_version += 1
             if self.target_cache is not None:
                 self.target_cache.clear()

@@ -16,7 +16,7 @@ import copy
 import numpy as np
 import torch
 
-from lbc.agents.protocols import LossOutput
+from lbc.agents.protocols import LossOutput, Prepared
 from lbc.behaviour import EpisodeBehaviour, epsilon_greedy
 from lbc.config import Config
 from lbc.devices import to_device
@@ -96,12 +96,14 @@ class NguLoss:
         self.model = model
         self.aux = aux
         self.target = copy.deepcopy(model).requires_grad_(False)
+        self.target_version = 0
         self.target_cache = make_target_cache(cfg.learner.target_cache, cfg.replay.capacity_sequences, model,
                                               cfg.sequence.length + 1)
 
     def sync_target(self) -> None:
         """theta^- <- theta (every ngu.target_update_every steps)."""
         self.target.load_state_dict(self.model.state_dict())
+        self.target_version += 1
         if self.target_cache is not None:
             self.target_cache.clear()
 
@@ -111,14 +113,18 @@ class NguLoss:
         out = unroll_after_burn_in(net, frames, b, self.cfg.sequence.burn_in, grad, extra)
         return q_of_heads(out.adv, out.value)
 
-    def __call__(self, model: LBCNet, b: dict[str, torch.Tensor]) -> LossOutput:
+    def prepare(self, model: LBCNet, b: dict[str, torch.Tensor]) -> Prepared:
+        extra = core_inputs(b["mixture"], b["prev_intrinsic"], self.cfg.ngu.num_mixtures)
+        frames = model.torso_input(b["obs"])   # read once for both networks
+        target = target_outputs(self.target, frames, b, self.cfg.sequence.burn_in, self.target_cache, extra)
+        return Prepared(b, frames, extra, target, self.target_version)
+
+    def __call__(self, model: LBCNet, prepared: Prepared) -> LossOutput:
         ng = self.cfg.ngu
         burn = self.cfg.sequence.burn_in
-        extra = core_inputs(b["mixture"], b["prev_intrinsic"], ng.num_mixtures)
-        frames = model.torso_input(b["obs"])   # read once for both networks
-        q_online = self.q_values(model, frames, b, extra, grad=True)
-        adv, value = target_outputs(self.target, frames, b, burn, self.target_cache, extra)
-        q_target = q_of_heads(adv, value)
+        b = prepared.batch
+        q_online = self.q_values(model, prepared.frames, b, prepared.extra, grad=True)
+        q_target = q_of_heads(*prepared.target)
 
         actions = b["action"][burn:].long()
         not_done = 1.0 - b["done"][burn:].float()

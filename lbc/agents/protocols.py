@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from lbc.behaviour import EpisodeBehaviour
-from lbc.nets import LBCNet, NetOutput
-from lbc.target_cache import TargetOutputCache
+from lbc.nets import Frames, LBCNet, NetOutput
+from lbc.target_cache import Outputs, TargetOutputCache
 
 
 class Acting(Protocol):
@@ -49,13 +49,29 @@ class LossOutput(NamedTuple):
     priorities: torch.Tensor   # [B]: each sequence's replay priority (lbc.losses.sequence_priorities)
 
 
+class Prepared(NamedTuple):
+    """What a loss reads of a batch that the online network's parameters do not change: computed by
+    Loss.prepare, possibly in another thread while the step before trains (learner.prepare_ahead)."""
+
+    batch: dict[str, torch.Tensor]      # time-major [T, B, ...]; h0/c0 [B, H]
+    frames: torch.Tensor | Frames       # batch["obs"] as the torso reads it (LBCNet.torso_input)
+    extra: torch.Tensor | None          # the family's extra network inputs [T, B, X], or None
+    target: Outputs | None              # the target network's (adv, value) over the learning steps, or None
+    target_version: int                 # the loss's target_version when the target outputs were computed
+
+
 class Loss(Protocol):
     """An algorithm's learner loss over a batch of sequences, time-major ([T, B, ...]; h0/c0 [B, H])."""
 
     TERMS: tuple[str, ...]   # the names of LossOutput.terms' columns
     target_cache: TargetOutputCache | None   # a target network's outputs kept per sequence (lbc.target_cache)
+    target_version: int      # copies into the target network so far: a Prepared from an older one is stale
 
-    def __call__(self, model: LBCNet, batch: dict[str, torch.Tensor]) -> LossOutput:
+    def prepare(self, model: LBCNet, batch: dict[str, torch.Tensor]) -> Prepared:
+        """The frames read, the extra inputs and the target network's outputs: nothing the online network's
+        parameters change, so it may run while the step before trains (not across after_step)."""
+
+    def __call__(self, model: LBCNet, prepared: Prepared) -> LossOutput:
         """Burn-in from the stored state, forward, and the loss of every policy."""
 
     def param_groups(self) -> list[dict]:

@@ -84,6 +84,11 @@ def test_short_pong_run(tmp_path):
     # the preset's target network: replay's early draws repeat sequences, whose target outputs were kept
     kept = re.findall(r"outputs kept for (\d+) of (\d+) sequences", (run_dir / "logs" / "learner.log").read_text())
     assert kept and 0 < int(kept[-1][0]) < int(kept[-1][1])   # the last: at the learner's stop
+    # the preset prepares each next batch while a step trains: the rate limiter's slack lets replay hand out
+    # several batches at once after its first 64 sequences, so some steps find theirs prepared
+    ahead = re.findall(r"(\d+) of (\d+) steps trained on batches prepared ahead",
+                       (run_dir / "logs" / "learner.log").read_text())
+    assert ahead and 0 < int(ahead[-1][0]) <= int(ahead[-1][1])
 
 
 # dice-fixed acts with softmax(A / 1) for good, and is evaluated with it (docs/decisions.md 28): advantages of

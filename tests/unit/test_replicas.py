@@ -36,7 +36,7 @@ def _replica(rank: int, port: int, out: mp.Queue) -> None:
     params = _flat(trainer.agent.parameters())
     moments = _flat(s["exp_avg_sq"] for s in trainer.optimiser.state.values())
     trainer.optimiser.zero_grad(set_to_none=True)
-    trainer._split_backward(_batch(cfg, np.random.default_rng(100 + rank)))
+    trainer._split_backward(trainer.prepare(_batch(cfg, np.random.default_rng(100 + rank))))
     finite = group.average_gradients(trainer.parameters, True)
     grads = _flat(p.grad for p in trainer.parameters)
     poisoned = _batch(cfg, np.random.default_rng(7))
@@ -66,7 +66,7 @@ def test_the_groups_gradient_is_the_gradient_over_the_union_of_the_batches():
     alone = Trainer(union_cfg)
     alone.train_step(_batch(cfg, np.random.default_rng(50)))   # replica 0's first step, batch of 4
     alone.optimiser.zero_grad(set_to_none=True)
-    alone._split_backward(union)
+    alone._split_backward(alone.prepare(union))
     expected = _flat(p.grad for p in alone.parameters)
 
     (params0, moments0, grads0, finite0, skipped0) = results[0]

@@ -28,11 +28,11 @@ def _step_against_uncached(trainer, batch):
     loss = trainer.loss
     cache, loss.target_cache = loss.target_cache, None
     trainer.optimiser.zero_grad(set_to_none=True)
-    want = trainer._split_backward(batch)
+    want = trainer._split_backward(trainer.prepare(batch))
     want_grads = [p.grad.clone() for p in trainer.parameters if p.grad is not None]
     loss.target_cache = cache
     trainer.optimiser.zero_grad(set_to_none=True)
-    got = trainer._split_backward(batch)
+    got = trainer._split_backward(trainer.prepare(batch))
     got_grads = [p.grad.clone() for p in trainer.parameters if p.grad is not None]
     assert got[0] == pytest.approx(want[0], rel=1e-5)
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-6)
