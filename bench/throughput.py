@@ -186,7 +186,8 @@ def _replay_keyed(batch: dict[str, np.ndarray], repeat: float, seed: int = 0) ->
 
 
 def _one_part_trainer(cfg: Config) -> Trainer:
-    """The preset's learner on one core: the batch is not split across threads."""
+    """The preset's learner on one core: the batch is not split across threads (with learner.prepare_ahead a
+    second thread prepares the next batch)."""
     return Trainer(cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"split_batch": 1})}))
 
 
