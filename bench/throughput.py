@@ -199,15 +199,13 @@ def learner_rate(cfg: Config, seconds: float) -> float:
     learner's is per second of wall clock either way."""
     batches = _replay_keyed(_learner_batch(cfg), expected_target_repeats(cfg))
     trainer = _one_part_trainer(cfg)
-    ahead = cfg.learner.prepare_ahead
-    clock = time.process_time if ahead and trainer.device.type == "cpu" else time.perf_counter
-    upcoming = next(batches)
-    steps, start, wall = -1, 0.0, time.perf_counter()
-    while steps < 0 or time.perf_counter() - wall < seconds:
+    clock = time.process_time if cfg.learner.prepare_ahead and trainer.device.type == "cpu" else time.perf_counter
+    batch, upcoming = next(batches), next(batches)
+    trainer.train_step(batch, upcoming)   # warm-up (train_step ignores upcoming without prepare_ahead)
+    steps, start, wall = 0, clock(), time.perf_counter()
+    while time.perf_counter() - wall < seconds:
         batch, upcoming = upcoming, next(batches)
-        trainer.train_step(batch, upcoming if ahead else None)
-        if steps < 0:   # the first step (and the second's preparation) is warm-up
-            start, wall = clock(), time.perf_counter()
+        trainer.train_step(batch, upcoming)
         steps += 1
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
