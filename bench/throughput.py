@@ -43,7 +43,7 @@ from lbc.acting import CoreInputs, forward
 from lbc.agents import Acting, family_of, make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import PRESETS, Config, load_config
-from lbc.devices import pick_device
+from lbc.devices import pick_device, pinned
 from lbc.envs import make_envs
 from lbc.launch import SERVICE_ENV_DEFAULTS, scrape, value
 from lbc.nets import build_agent, policy_net
@@ -120,6 +120,8 @@ def intrinsic_cost(cfg: Config, fills: tuple[int, ...], steps: int = 50) -> dict
 
 
 def _learner_batch(cfg: Config) -> dict[str, np.ndarray]:
+    """A batch as replay sends it; for a GPU learner in pinned host memory, as the service's batch fetcher
+    leaves it on its own thread (learner_svc.batches)."""
     rng = np.random.default_rng(0)
     batch: dict[str, np.ndarray] = {}
     for name, (dtype, shape) in sequence_layout(cfg).items():
@@ -133,7 +135,7 @@ def _learner_batch(cfg: Config) -> dict[str, np.ndarray]:
         else:
             batch[name] = np.zeros(full, np.float32)
     batch["behaviour_prob"][:] = 0.3
-    return batch
+    return pinned(batch) if pick_device(cfg.learner.device, "learner.device").type == "cuda" else batch
 
 
 def target_repeat_share(capacity: int, inserted_per_step: float, batch: int, period: int) -> float:
@@ -332,6 +334,10 @@ LEVERS: dict[str, tuple[str, list[str]]] = {
     # likewise where the preset prepares batches ahead (`cpu`): the learner's CPU per sample without it
     "batches not prepared ahead": ("learner", ["learner.prepare_ahead=false"]),
 }
+# measured on a GPU learner only, where launching the recurrence's small kernels bounds the step (decision 56)
+GPU_LEVERS: dict[str, tuple[str, list[str]]] = {
+    "recurrent step compiled": ("learner", ["learner.compile=true"]),
+}
 
 
 def ceiling_rate(cores: int, env: float, inference: float, learner: float, replay_ratio: float,
@@ -350,7 +356,7 @@ def lever_table(cfg_of: dict[str, Config], base: dict[str, float], cores: int, s
     rates = {"environment": env_rate, "inference": inference_rate, "learner": learner_rate}
     rows = ["lever                      stage        alone/s    gain   ceiling frames/s"]
     for lever, cfg in cfg_of.items():
-        stage = LEVERS[lever][0]
+        stage = (LEVERS | GPU_LEVERS)[lever][0]
         rate = rates[stage](cfg, seconds)
         with_lever = {**base, stage: rate}
         ceiling = ceiling_rate(cores, with_lever["environment"], with_lever["inference"], with_lever["learner"],
@@ -459,7 +465,7 @@ def main() -> int:
     print(f"ceiling = {formula} = {ceiling:,.0f} agent steps/s = {ceiling * frame_skip:,.0f} frames/s", flush=True)
     if args.levers:
         levers = {name: load_config(args.preset, [f"env.game={args.game}", *args.overrides, *sets])
-                  for name, (_, sets) in LEVERS.items()}
+                  for name, (_, sets) in (LEVERS | (GPU_LEVERS if on_gpu else {})).items()}
         base = {"environment": env, "inference": inf, "learner": learn}
         for row in lever_table(levers, base, args.cores, args.stage_seconds):
             print(row, flush=True)

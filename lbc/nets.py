@@ -6,9 +6,12 @@ one linear layer of N * (|A| + 1) outputs (see docs/decisions.md: shared torso).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lbc.family import family_traits
@@ -254,17 +257,24 @@ class LayerNormLSTM(nn.Module):
         with torch.no_grad():   # forget-gate bias 1, as the usual LSTM initialisation (Jozefowicz et al. 2015)
             self.input_norm.bias[hidden_size:2 * hidden_size].fill_(1.0)
 
+        self.compiled = False   # compile_step: the recurrence's step as torch.compile's fused kernels
+
+    def compile_step(self) -> None:
+        """Step the recurrence with torch.compile's kernels for ln_lstm_step (the same function; a GPU learner's
+        step is otherwise bound by launching its many small kernels, docs/speed.md). Copies made after (the
+        target network) step compiled too."""
+        self.compiled = True
+
     def forward(self, x: torch.Tensor, keep: torch.Tensor,
                 state: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """x [T, B, in]; keep [T, B, 1] zero where the state resets before step t. Returns h [T, B, H], (h, c)."""
         xs = self.input_norm(self.input_proj(x))
+        step = compiled_ln_lstm_step() if self.compiled else ln_lstm_step
+        weights = (self.hidden_proj.weight, self.hidden_norm.weight, self.cell_norm.weight, self.cell_norm.bias)
         h, c = state
         outs = []
         for t in range(x.shape[0]):
-            h, c = h * keep[t], c * keep[t]
-            i, f, g, o = (xs[t] + self.hidden_norm(self.hidden_proj(h))).chunk(4, dim=-1)
-            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-            h = torch.sigmoid(o) * torch.tanh(self.cell_norm(c))
+            h, c = step(xs[t], keep[t], h, c, *weights)
             outs.append(h)
         return torch.stack(outs), (h, c)
 
@@ -272,6 +282,29 @@ class LayerNormLSTM(nn.Module):
     def input_weight(self) -> nn.Parameter:
         """The weight [4H, in] that reads the step's input."""
         return self.input_proj.weight
+
+
+def ln_lstm_step(x_t: torch.Tensor, keep_t: torch.Tensor, h: torch.Tensor, c: torch.Tensor, hidden_weight: torch.Tensor,
+                 hidden_gain: torch.Tensor, cell_gain: torch.Tensor, cell_bias: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of LayerNormLSTM from the step's normalised input projection x_t [B, 4H] (eq. 20-22 above):
+    the state reset where keep_t [B, 1] is 0, the hidden projection normalised (gain, no bias), the gates, and
+    the new (h, c). LayerNorm's epsilon is nn.LayerNorm's default, as the module's norms have."""
+    h, c = h * keep_t, c * keep_t
+    gates = x_t + F.layer_norm(F.linear(h, hidden_weight), hidden_gain.shape, hidden_gain, None, 1e-5)
+    i, f, g, o = gates.chunk(4, dim=-1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    h = torch.sigmoid(o) * torch.tanh(F.layer_norm(c, cell_gain.shape, cell_gain, cell_bias, 1e-5))
+    return h, c
+
+
+@functools.cache
+def compiled_ln_lstm_step() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """ln_lstm_step under torch.compile, made once per process. Each grad mode and device is a graph of its
+    own; the batch axis turns dynamic the second time it changes (torch.compile's default), since the target
+    network unrolls only the sequences whose outputs it does not keep, a count that varies from step to step:
+    a graph per count recompiled for minutes (docs/speed.md)."""
+    return torch.compile(ln_lstm_step, fullgraph=True)
 
 
 class PlainLSTM(nn.Module):

@@ -18,7 +18,7 @@ from lbc.agents import LossOutput, Prepared, make_loss
 from lbc.config import Config, LearnerConfig
 from lbc.devices import pick_device, to_device
 from lbc.envs import env_spec
-from lbc.nets import LBCNet, build_agent, policy_net
+from lbc.nets import LayerNormLSTM, LBCNet, build_agent, policy_net
 from learner_svc.replicas import ReplicaGroup
 
 PREPARED_AHEAD = Counter("lbc_learner_batches_prepared_ahead_total", "Steps whose batch was prepared while the step "
@@ -78,6 +78,10 @@ class Trainer:
         self.agent = build_agent(cfg, spec.obs_shape, spec.num_actions).to(self.device)
         self.model: LBCNet = policy_net(self.agent).set_channels_last(True)
         lc = cfg.learner
+        if lc.compile:   # before make_loss copies the target network
+            for module in self.agent.modules():
+                if isinstance(module, LayerNormLSTM):
+                    module.compile_step()
         self.loss = make_loss(cfg, self.agent, self.device)
         self.optimiser = build_optimiser(self.model, lc)
         for group in self.loss.param_groups():
@@ -89,6 +93,10 @@ class Trainer:
             if lc.split_batch > 1 else None
         # prepare_ahead: the next batch's Loss.prepare runs here while a step trains; (that batch, its parts)
         self.ahead = ThreadPoolExecutor(1, thread_name_prefix="learner-prepare") if lc.prepare_ahead else None
+        # on a GPU that thread copies the next batch on a stream of its own, so the copy overlaps the step's
+        # kernels instead of queueing between them on the stream they share
+        self.copy_stream = torch.cuda.Stream(self.device) if self.ahead is not None and self.device.type == "cuda" \
+            else None
         self._prepared: tuple[dict[str, np.ndarray], list[Prepared]] | None = None
         self.prepared_ahead = 0   # steps whose batch was prepared ahead
 
@@ -122,13 +130,33 @@ class Trainer:
         with self._autocast():
             return self.loss(self.model, self.loss.prepare(self.model, to_time_major(batch, self.device)))
 
-    def prepare(self, batch: dict[str, np.ndarray]) -> list[Prepared]:
-        """Loss.prepare of each of the batch's `split_batch` parts: what the online parameters do not change."""
+    def _on_device(self, batch: dict[str, np.ndarray]) -> list[dict[str, torch.Tensor]]:
+        """The batch's `split_batch` parts, time-major on the learner's device."""
         size = next(iter(batch.values())).shape[0]
         bounds = np.linspace(0, size, self.cfg.learner.split_batch + 1).astype(int)
+        return [to_time_major({k: v[lo:hi] for k, v in batch.items()}, self.device)
+                for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+
+    def _copied_aside(self, batch: dict[str, np.ndarray]) -> list[dict[str, torch.Tensor]]:
+        """_on_device with the copies on copy_stream, waited for here (the preparing thread's wait, not the
+        step's). The tensors are then read on the default stream: recorded there, so that their memory is not
+        handed to copy_stream's next batch before the kernels that read them have run."""
+        with torch.cuda.stream(self.copy_stream):
+            parts = self._on_device(batch)
+        self.copy_stream.synchronize()
+        default = torch.cuda.default_stream(self.device)
+        for part in parts:
+            for t in part.values():
+                if t.is_cuda:
+                    t.record_stream(default)
+        return parts
+
+    def prepare(self, batch: dict[str, np.ndarray], aside: bool = False) -> list[Prepared]:
+        """Loss.prepare of each of the batch's `split_batch` parts: what the online parameters do not change.
+        aside: copy the batch to the GPU on copy_stream (the preparing thread does, where there is one)."""
+        parts = self._copied_aside(batch) if aside and self.copy_stream is not None else self._on_device(batch)
         with self._autocast():
-            return [self.loss.prepare(self.model, to_time_major({k: v[lo:hi] for k, v in batch.items()}, self.device))
-                    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+            return [self.loss.prepare(self.model, part) for part in parts]
 
     def _prepared_parts(self, batch: dict[str, np.ndarray]) -> list[Prepared]:
         """The batch's parts as prepared ahead, when they were and the target network has not changed since;
@@ -199,7 +227,7 @@ class Trainer:
         parts = self._prepared_parts(batch)
         ahead: Future | None = None
         if self.ahead is not None and upcoming is not None:
-            ahead = self.ahead.submit(self.prepare, upcoming)
+            ahead = self.ahead.submit(self.prepare, upcoming, aside=True)
         try:
             stats = self._optimise(parts)
         finally:   # before after_step: the target network must not change under the upcoming batch's unroll

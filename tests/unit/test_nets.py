@@ -96,6 +96,40 @@ def test_layernorm_lstm_matches_ba_et_al_equations_in_numpy():
     np.testing.assert_allclose(h_last.detach().numpy(), h, rtol=1e-5, atol=1e-5)
 
 
+def test_the_compiled_layernorm_lstm_step_keeps_the_outputs_and_gradients():
+    """learner.compile: torch.compile's kernels for the recurrence's step give the eager module's outputs and
+    gradients within float rounding (fused kernels sum in another order), and a copy (the target network)
+    steps compiled too. The kernels here are the CPU's; a GPU compiles its own from the same graph."""
+    torch.manual_seed(0)
+    eager = LayerNormLSTM(5, 8)
+    with torch.no_grad():
+        for p in eager.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    fused = copy.deepcopy(eager)
+    fused.compile_step()
+    assert copy.deepcopy(fused).compiled
+    x = torch.randn(4, 3, 5)
+    keep = torch.ones(4, 3, 1)
+    keep[2, 0] = 0.0
+    state = (torch.randn(3, 8), torch.randn(3, 8))
+    results = []
+    for core in (eager, fused):
+        out, (h, c) = core(x, keep, state)
+        (out.square().sum() + c.sum()).backward()
+        results.append((out, c, [p.grad for p in core.parameters()]))
+    (out_e, c_e, grads_e), (out_f, c_f, grads_f) = results
+    torch.testing.assert_close(out_f, out_e, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(c_f, c_e, rtol=1e-5, atol=1e-5)
+    for g_f, g_e in zip(grads_f, grads_e, strict=True):
+        torch.testing.assert_close(g_f, g_e, rtol=1e-4, atol=1e-5)
+    # the target network unrolls a varying count of sequences: not a graph compiled for each
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        for batch in (2, 4, 5, 6, 7):
+            fused(torch.randn(2, batch, 5), torch.ones(2, batch, 1), (torch.zeros(batch, 8), torch.zeros(batch, 8)))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs <= 2
+
+
 def test_plain_lstm_core_matches_torch_lstm():
     torch.manual_seed(0)
     core = PlainLSTM(5, 4)

@@ -255,3 +255,25 @@ def test_lbc_target_network_is_copied_every_period_and_sets_the_targets():
         assert not torch.allclose(trainer._loss(batch).terms, plain._loss(batch).terms)
     trainer.train_step(batch)
     assert same()
+
+
+def test_a_compiled_recurrent_step_trains_as_the_eager_one():
+    """learner.compile: the online network's and the target network's LayerNormLSTM step through
+    torch.compile's kernels, and a step's gradient, loss and priorities match the eager learner's within float
+    rounding (the kernels fuse the step's sums in another order)."""
+    from lbc.nets import LayerNormLSTM
+    base = ["learner.warmup_steps=0", "learner.clip_norm=1e9", "learner.target_update_every=2"]
+    batch = _batch(load_config("catch", base), np.random.default_rng(5))
+    results = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        trainer = Trainer(load_config("catch", [*base, f"learner.compile={str(compiled).lower()}"]))
+        cores = [m for net in (trainer.model, trainer.loss.target) for m in net.modules()
+                 if isinstance(m, LayerNormLSTM)]
+        assert len(cores) == 2 and all(core.compiled == compiled for core in cores)
+        stats = trainer.train_step(batch)
+        results.append((stats, torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])))
+    (eager, g_eager), (fused, g_fused) = results
+    torch.testing.assert_close(g_fused, g_eager, rtol=1e-4, atol=1e-4 * float(g_eager.abs().max()))
+    assert fused.loss == pytest.approx(eager.loss, rel=1e-5)
+    np.testing.assert_allclose(fused.priorities, eager.priorities, rtol=1e-4, atol=1e-6)
