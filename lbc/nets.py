@@ -300,11 +300,12 @@ def ln_lstm_step(x_t: torch.Tensor, keep_t: torch.Tensor, h: torch.Tensor, c: to
 
 @functools.cache
 def compiled_ln_lstm_step() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """ln_lstm_step under torch.compile, made once per process. Each grad mode and device is a graph of its
-    own; the batch axis turns dynamic the second time it changes (torch.compile's default), since the target
-    network unrolls only the sequences whose outputs it does not keep, a count that varies from step to step:
-    a graph per count recompiled for minutes (docs/speed.md)."""
-    return torch.compile(ln_lstm_step, fullgraph=True)
+    """ln_lstm_step under torch.compile, made once per process. The batch axis is dynamic from the start: the
+    target network unrolls only the sequences whose outputs it does not keep, a count that varies from step to
+    step, and a graph per count recompiled for minutes (docs/speed.md). Each grad mode, device and hidden size
+    is still a graph of its own (a learner has three or four); past torch's recompile limit a call runs eagerly,
+    the same function, rather than failing."""
+    return torch.compile(ln_lstm_step, dynamic=True)
 
 
 class PlainLSTM(nn.Module):

@@ -100,6 +100,7 @@ def test_the_compiled_layernorm_lstm_step_keeps_the_outputs_and_gradients():
     """learner.compile: torch.compile's kernels for the recurrence's step give the eager module's outputs and
     gradients within float rounding (fused kernels sum in another order), and a copy (the target network)
     steps compiled too. The kernels here are the CPU's; a GPU compiles its own from the same graph."""
+    torch._dynamo.reset()   # graphs compiled by other tests count against torch's recompile limit
     torch.manual_seed(0)
     eager = LayerNormLSTM(5, 8)
     with torch.no_grad():

@@ -262,6 +262,7 @@ def test_a_compiled_recurrent_step_trains_as_the_eager_one():
     torch.compile's kernels, and a step's gradient, loss and priorities match the eager learner's within float
     rounding (the kernels fuse the step's sums in another order)."""
     from lbc.nets import LayerNormLSTM
+    torch._dynamo.reset()   # graphs compiled by other tests count against torch's recompile limit
     base = ["learner.warmup_steps=0", "learner.clip_norm=1e9", "learner.target_update_every=2"]
     batch = _batch(load_config("catch", base), np.random.default_rng(5))
     results = []
