@@ -20,6 +20,24 @@ class VTraceReturns:
     pg_advantages: torch.Tensor  # [T, B] rho_s (r_s + gamma v_{s+1} - V(x_s))
 
 
+def reverse_affine_scan(a: torch.Tensor, b: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """The backward recursion every return target here is built on,
+
+        x_t = b_t + a_t x_{t+1}   for t = T-1 .. 0,   x_T = last,
+
+    over a, b [T, ...] and last [...], in ceil(log2 T) rounds of doubling (the Hillis-Steele scan) instead of
+    T steps: step t is the affine map y -> b_t + a_t y, and after the round of stride d, (a_t, b_t) is the
+    composition of the maps t .. t+2d-1 (those before T), so that finally x_t = b_t + a_t x_T. The same
+    arithmetic in another order (equal within float rounding); on a GPU each step of a loop is a few kernel
+    launches, and a learner step ran 976 of them in V-trace's and Retrace's loops (docs/speed.md)."""
+    steps, stride = a.shape[0], 1
+    while stride < steps:
+        b = torch.cat([b[:-stride] + a[:-stride] * b[stride:], b[-stride:]])
+        a = torch.cat([a[:-stride] * a[stride:], a[-stride:]])
+        stride *= 2
+    return b + a * last
+
+
 @torch.no_grad()
 def vtrace(
     values: torch.Tensor,
@@ -58,12 +76,7 @@ def vtrace(
         continuing = torch.where(truncated, 0.0, discounts)
     deltas = clipped_rhos * (rewards + discounts * values_next - values)
 
-    acc = torch.zeros_like(bootstrap_value)
-    vs_minus_v = torch.empty_like(values)
-    for t in reversed(range(values.shape[0])):
-        acc = deltas[t] + continuing[t] * cs[t] * acc
-        vs_minus_v[t] = acc
-    vs = vs_minus_v + values
+    vs = reverse_affine_scan(continuing * cs, deltas, torch.zeros_like(bootstrap_value)) + values
 
     vs_next = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
     if truncated is not None:
@@ -93,15 +106,14 @@ def retrace_targets(
     after step t, so the caller's expected_q_next[t] is the cut episode's last state's and no correction
     crosses into the next episode.
     """
-    steps = q_taken.shape[0]
-    targets = torch.empty_like(q_taken)
-    targets[-1] = rewards[-1] + discounts[-1] * expected_q_next[-1]
-    for t in reversed(range(steps - 1)):
-        correction = traces[t + 1] * (targets[t + 1] - q_taken[t + 1])
-        if truncated is not None:
-            correction = torch.where(truncated[t], 0.0, correction)
-        targets[t] = rewards[t] + discounts[t] * (expected_q_next[t] + correction)
-    return targets
+    # G_t = b_t + a_t G_{t+1} with a_t = gamma_t c_{t+1} (0 at the last step and where the episode was cut),
+    # b_t = r_t + gamma_t E_pi Q(x_{t+1}, .) - a_t Q(x_{t+1}, a_{t+1})
+    last = torch.zeros_like(q_taken[-1:])
+    a = torch.cat([discounts[:-1] * traces[1:], last])
+    if truncated is not None:
+        a = torch.where(truncated, 0.0, a)
+    b = rewards + discounts * expected_q_next - a * torch.cat([q_taken[1:], last])
+    return reverse_affine_scan(a, b, last[0])
 
 
 def value_rescale(z: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
