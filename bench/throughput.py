@@ -336,7 +336,7 @@ LEVERS: dict[str, tuple[str, list[str]]] = {
 }
 # measured on a GPU learner only, where launching the recurrence's small kernels bounds the step (decision 56)
 GPU_LEVERS: dict[str, tuple[str, list[str]]] = {
-    "recurrent step compiled": ("learner", ["learner.compile=true"]),
+    "recurrence compiled": ("learner", ["learner.compile=true"]),
 }
 
 

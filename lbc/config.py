@@ -230,9 +230,9 @@ class LearnerConfig(_Section):
                           "and checkpoints; they meet at endpoints.learner_group")
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: the network's matrix products and "
                                                "convolutions under bfloat16 autocast (losses and weights stay fp32)")
-    compile: bool = Field(False, description="the recurrent core's step (LayerNormLSTM) as torch.compile's fused "
-                          "kernels, compiled in the learner's first steps (the same function within float rounding; "
-                          "1.08x alone on a GPU, docs/speed.md)")
+    compile: bool = Field(False, description="the recurrent core (LayerNormLSTM) unrolled through torch.compile's "
+                          "fused kernels, 8 steps per graph, compiled in the learner's first steps (the same function "
+                          "within float rounding; docs/speed.md)")
     seed: int = 0
 
 

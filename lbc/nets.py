@@ -257,26 +257,31 @@ class LayerNormLSTM(nn.Module):
         with torch.no_grad():   # forget-gate bias 1, as the usual LSTM initialisation (Jozefowicz et al. 2015)
             self.input_norm.bias[hidden_size:2 * hidden_size].fill_(1.0)
 
-        self.compiled = False   # compile_step: the recurrence's step as torch.compile's fused kernels
+        self.compiled = False   # compile_unroll: the recurrence as torch.compile's fused kernels, in chunks of steps
 
-    def compile_step(self) -> None:
-        """Step the recurrence with torch.compile's kernels for ln_lstm_step (the same function; a GPU learner's
-        step is otherwise bound by launching its many small kernels, docs/speed.md). Copies made after (the
-        target network) step compiled too."""
+    def compile_unroll(self) -> None:
+        """Unroll the recurrence through torch.compile's kernels for ln_lstm_steps, COMPILED_STEPS steps per
+        call (the same function; a GPU learner's step is otherwise bound by launching its many small kernels
+        forward and backward, docs/speed.md). Copies made after (the target network) unroll compiled too."""
         self.compiled = True
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor,
                 state: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """x [T, B, in]; keep [T, B, 1] zero where the state resets before step t. Returns h [T, B, H], (h, c)."""
         xs = self.input_norm(self.input_proj(x))
-        step = compiled_ln_lstm_step() if self.compiled else ln_lstm_step
         weights = (self.hidden_proj.weight, self.hidden_norm.weight, self.cell_norm.weight, self.cell_norm.bias)
         h, c = state
-        outs = []
-        for t in range(x.shape[0]):
-            h, c = step(xs[t], keep[t], h, c, *weights)
-            outs.append(h)
-        return torch.stack(outs), (h, c)
+        if not self.compiled:
+            out, h, c = ln_lstm_steps(xs, keep, h, c, *weights)
+            return out, (h, c)
+        # whole chunks through the one graph (the chunk's length is part of it), the remainder eagerly
+        whole = x.shape[0] - x.shape[0] % COMPILED_STEPS
+        chunks = []
+        for start in range(0, x.shape[0], COMPILED_STEPS):
+            steps = compiled_ln_lstm_steps() if start < whole else ln_lstm_steps
+            out, h, c = steps(xs[start:start + COMPILED_STEPS], keep[start:start + COMPILED_STEPS], h, c, *weights)
+            chunks.append(out)
+        return torch.cat(chunks), (h, c)
 
     @property
     def input_weight(self) -> nn.Parameter:
@@ -298,14 +303,31 @@ def ln_lstm_step(x_t: torch.Tensor, keep_t: torch.Tensor, h: torch.Tensor, c: to
     return h, c
 
 
+def ln_lstm_steps(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor, *weights: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ln_lstm_step over the steps of xs [T, B, 4H] and keep [T, B, 1] from (h, c): every step's h [T, B, H] and
+    the last (h, c). `weights` as ln_lstm_step's (hidden_weight, hidden_gain, cell_gain, cell_bias)."""
+    outs = []
+    for t in range(xs.shape[0]):
+        h, c = ln_lstm_step(xs[t], keep[t], h, c, *weights)
+        outs.append(h)
+    return torch.stack(outs), h, c
+
+
+# Steps per compiled call. Compiling unrolls them into one graph, forward and backward, so a GPU launches a
+# few fused kernels per step and the autograd engine sees one node per chunk instead of about 26 per step;
+# compile time grows with the chunk (on the 2-core VM about 30 s for 1 or 4 steps, 53 s for 8, 163 s for 31).
+COMPILED_STEPS = 8
+
+
 @functools.cache
-def compiled_ln_lstm_step() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """ln_lstm_step under torch.compile, made once per process. The batch axis is dynamic from the start: the
+def compiled_ln_lstm_steps() -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """ln_lstm_steps under torch.compile, made once per process. The batch axis is dynamic from the start: the
     target network unrolls only the sequences whose outputs it does not keep, a count that varies from step to
-    step, and a graph per count recompiled for minutes (docs/speed.md). Each grad mode, device and hidden size
-    is still a graph of its own (a learner has three or four); past torch's recompile limit a call runs eagerly,
-    the same function, rather than failing."""
-    return torch.compile(ln_lstm_step, dynamic=True)
+    step, and a graph per count recompiled for minutes (docs/speed.md). The number of steps is fixed
+    (COMPILED_STEPS). Each grad mode, device and hidden size is still a graph of its own (a learner has three or
+    four); past torch's recompile limit a call runs eagerly, the same function, rather than failing."""
+    return torch.compile(ln_lstm_steps, dynamic=True)
 
 
 class PlainLSTM(nn.Module):

@@ -81,7 +81,7 @@ class Trainer:
         if lc.compile:   # before make_loss copies the target network
             for module in self.agent.modules():
                 if isinstance(module, LayerNormLSTM):
-                    module.compile_step()
+                    module.compile_unroll()
         self.loss = make_loss(cfg, self.agent, self.device)
         self.optimiser = build_optimiser(self.model, lc)
         for group in self.loss.param_groups():

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from lbc import nets
 from lbc.config import load_config
 from lbc.envs import env_spec
 from lbc.nets import LayerNormLSTM, LBCNet, PlainLSTM, build_net, lower_median, pixels_to_input, unroll_after_burn_in
@@ -96,28 +97,34 @@ def test_layernorm_lstm_matches_ba_et_al_equations_in_numpy():
     np.testing.assert_allclose(h_last.detach().numpy(), h, rtol=1e-5, atol=1e-5)
 
 
-def test_the_compiled_layernorm_lstm_step_keeps_the_outputs_and_gradients():
-    """learner.compile: torch.compile's kernels for the recurrence's step give the eager module's outputs and
-    gradients within float rounding (fused kernels sum in another order), and a copy (the target network)
-    steps compiled too. The kernels here are the CPU's; a GPU compiles its own from the same graph."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the GPU's kernels (Triton's) need a visible GPU"))])
+def test_the_compiled_layernorm_lstm_unroll_keeps_the_outputs_and_gradients(monkeypatch, device):
+    """learner.compile: torch.compile's kernels for the recurrence, whole chunks of steps per graph and the
+    remainder eager, give the eager module's outputs and gradients within float rounding (fused kernels sum in
+    another order), and a copy (the target network) unrolls compiled too. Chunks of 3 steps rather than the
+    learner's 8 keep compiling short."""
+    monkeypatch.setattr(nets, "COMPILED_STEPS", 3)
     torch._dynamo.reset()   # graphs compiled by other tests count against torch's recompile limit
     torch.manual_seed(0)
-    eager = LayerNormLSTM(5, 8)
+    eager = LayerNormLSTM(5, 8).to(device)
     with torch.no_grad():
         for p in eager.parameters():
             p.add_(0.3 * torch.randn_like(p))
     fused = copy.deepcopy(eager)
-    fused.compile_step()
+    fused.compile_unroll()
     assert copy.deepcopy(fused).compiled
-    x = torch.randn(4, 3, 5)
-    keep = torch.ones(4, 3, 1)
-    keep[2, 0] = 0.0
-    state = (torch.randn(3, 8), torch.randn(3, 8))
+    x = torch.randn(7, 3, 5, device=device)   # two chunks and a step
+    keep = torch.ones(7, 3, 1, device=device)
+    keep[2, 0] = keep[4, 1] = 0.0
+    state = (torch.randn(3, 8, device=device), torch.randn(3, 8, device=device))
     results = []
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for core in (eager, fused):
         out, (h, c) = core(x, keep, state)
         (out.square().sum() + c.sum()).backward()
         results.append((out, c, [p.grad for p in core.parameters()]))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs   # it did compile
     (out_e, c_e, grads_e), (out_f, c_f, grads_f) = results
     torch.testing.assert_close(out_f, out_e, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(c_f, c_e, rtol=1e-5, atol=1e-5)
@@ -127,7 +134,8 @@ def test_the_compiled_layernorm_lstm_step_keeps_the_outputs_and_gradients():
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     with torch.no_grad():
         for batch in (2, 4, 5, 6, 7):
-            fused(torch.randn(2, batch, 5), torch.ones(2, batch, 1), (torch.zeros(batch, 8), torch.zeros(batch, 8)))
+            zeros = torch.zeros(batch, 8, device=device)
+            fused(torch.randn(3, batch, 5, device=device), torch.ones(3, batch, 1, device=device), (zeros, zeros))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs <= 2
 
 
