@@ -314,9 +314,9 @@ def ln_lstm_steps(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torc
     return torch.stack(outs), h, c
 
 
-# Steps per compiled call. Compiling unrolls them into one graph, forward and backward, so a GPU launches a
-# few fused kernels per step and the autograd engine sees one node per chunk instead of about 26 per step;
-# compile time grows with the chunk (on the 2-core VM about 30 s for 1 or 4 steps, 53 s for 8, 163 s for 31).
+# Steps per compiled call (decision 57). Compiling unrolls them into one graph, forward and backward, so a GPU
+# launches a few fused kernels per step and the autograd engine sees one node per chunk instead of about 26 per
+# step; compile time grows with the chunk (on the 2-core VM about 30 s for 1 or 4 steps, 53 s for 8, 163 s for 31).
 COMPILED_STEPS = 8
 
 
