@@ -8,6 +8,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
 
 import torch
@@ -71,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     log = setup_logging("learner" if args.rank == 0 else f"learner-{args.rank}", args.log_level)
     stop = stop_event()
     torch.set_num_threads(cfg.learner.threads)
+    kernels = keep_compiled_kernels(cfg, os.environ)
+    if kernels is not None:
+        log.info("learner.compile: the recurrence compiles in the first steps (minutes on a CPU the first time); "
+                 "kernels kept in %s", kernels)
     if args.rank > 0:
         return follow(cfg, args, stop, log)
 
@@ -190,6 +195,15 @@ def main(argv: list[str] | None = None) -> int:
         group.close()
     log.info("learner stopped")
     return 0
+
+
+def keep_compiled_kernels(cfg: Config, environ: MutableMapping[str, str]) -> str | None:
+    """With learner.compile, where torch keeps the kernels it compiles: the run folder's compile-cache unless
+    TORCHINDUCTOR_CACHE_DIR names a place already. torch's default is under /tmp, which a restarted pod does
+    not keep, and compiling again takes minutes; from the cache a restart loads them in seconds."""
+    if not cfg.learner.compile:
+        return None
+    return environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(cfg.run_dir) / "compile-cache"))
 
 
 def join_group(cfg: Config, rank: int, log: logging.Logger) -> ReplicaGroup | None:

@@ -281,3 +281,17 @@ def test_a_compiled_recurrence_trains_as_the_eager_one(monkeypatch):
     torch.testing.assert_close(g_fused, g_eager, rtol=1e-4, atol=1e-4 * float(g_eager.abs().max()))
     assert fused.loss == pytest.approx(eager.loss, rel=1e-5)
     np.testing.assert_allclose(fused.priorities, eager.priorities, rtol=1e-4, atol=1e-6)
+
+
+def test_compiled_kernels_are_kept_in_the_run_folder_unless_the_environment_names_a_place(tmp_path):
+    """learner.compile: a restarted learner finds the kernels it compiled (torch's default place is under /tmp,
+    which a new pod does not keep)."""
+    from learner_svc.__main__ import keep_compiled_kernels
+    cfg = load_config("catch", [f"run_dir={tmp_path}", "learner.compile=true"])
+    environ: dict[str, str] = {}
+    assert keep_compiled_kernels(cfg, environ) == str(tmp_path / "compile-cache")
+    assert environ == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "compile-cache")}
+    named = {"TORCHINDUCTOR_CACHE_DIR": "/somewhere"}
+    assert keep_compiled_kernels(cfg, named) == "/somewhere" and named == {"TORCHINDUCTOR_CACHE_DIR": "/somewhere"}
+    plain: dict[str, str] = {}
+    assert keep_compiled_kernels(load_config("catch", [f"run_dir={tmp_path}"]), plain) is None and plain == {}
