@@ -8,6 +8,9 @@
 set -uo pipefail
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
+# one place for the compiled kernels, so that the learner service of step 3 finds those step 2 compiled
+# (without it, each service keeps its own under its run folder: learner_svc keep_compiled_kernels)
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/lbc-compile-cache}
 
 echo "== GPU tests"
 timeout 180 "$PY" -m pytest -q -p no:cacheprovider -k "cuda or gpu or pinned or compiled" \
