@@ -12,7 +12,8 @@ min(cores / (1/env + 1/inference), learner / replay_ratio)), then runs the whole
 launcher and prints achieved / ceiling and the cores each service kept busy (bench.cpu_use). On a CPU
 machine it starts as many actors as keep the cores busy at the ceiling (an actor's loop is serial, one
 core at most: actors_to_fill). It also splits one learner step into its parts (copy to the
-device, forward and loss, backward, optimiser), and on a GPU machine reports peak memory and
+device, forward and loss, backward, optimiser), counts the operations an eager step dispatches (each a kernel
+launch on a GPU), and on a GPU machine reports peak memory and
 nvidia-smi's utilisation; --actor-scaling 1,2,4,8,12 runs the whole system per actor count against
 linear growth from the smallest count. For NGU presets it prints what the intrinsic reward costs per agent
 step, by how full the episodic memories are; --levers measures each speed lever on its stage, and --profile
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.cpu_use import cpu_table, service_cpu_seconds
 from bench.spy import profile_lines
@@ -251,6 +253,45 @@ def learner_parts(cfg: Config, steps: int = 10) -> dict[str, float]:
     return totals
 
 
+# views and allocations: no kernel runs for them
+_NO_KERNEL = frozenset({
+    "view", "_unsafe_view", "as_strided", "select", "slice", "t", "transpose", "expand", "unsqueeze", "squeeze",
+    "split", "split_with_sizes", "chunk", "unbind", "permute", "reshape", "alias", "detach", "_reshape_alias",
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "_local_scalar_dense",
+    "is_same_size"})
+
+
+class _OperationCount(TorchDispatchMode):
+    """Counts the ATen operations dispatched under it that run a kernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: torch._ops.OpOverload, types: object, args: tuple = (),
+                           kwargs: dict | None = None) -> object:
+        if func._schema.name.split("::")[-1] not in _NO_KERNEL:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def learner_operations(cfg: Config, batch_size: int = 2) -> int:
+    """Operations one eager learner step dispatches, forward, loss, backward and optimiser, each at least one
+    kernel launch on a GPU, where launching is what bounds the paper preset's step (docs/speed.md). Counted on
+    the CPU with learner.compile off, one part, nothing prepared ahead and every target unrolled, so that the
+    count is the same from step to step; it does not depend on the batch size, so a batch of two makes it."""
+    cfg = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={
+        "device": "cpu", "compile": False, "prepare_ahead": False, "target_cache": False, "split_batch": 1,
+        "batch_size": batch_size})})
+    batch = _learner_batch(cfg)
+    trainer = Trainer(cfg)
+    trainer.train_step(batch)   # the optimiser's state is made in the first step
+    counter = _OperationCount()
+    with counter:
+        trainer.train_step(batch)
+    return counter.count
+
+
 class GpuSampler:
     """nvidia-smi's utilisation and memory, sampled every second in the background (GPU machines only)."""
 
@@ -457,6 +498,7 @@ def main() -> int:
               "replay would draw again before the next copy; lbc.target_cache)", flush=True)
     parts = learner_parts(cfg)
     print("learner step, ms:  " + ", ".join(f"{part} {ms:,.1f}" for part, ms in parts.items()), flush=True)
+    print(f"learner step, operations dispatched (eager, counted on the CPU): {learner_operations(cfg):,}", flush=True)
     ratio = cfg.replay.replay_ratio
     on_gpu = learner_device == "cuda"
     ceiling = ceiling_rate(args.cores, env, inf, learn, ratio, on_gpu)

@@ -115,3 +115,16 @@ def test_the_learner_stage_keeps_the_previous_steps_keys_for_the_repeat_share():
         assert len(set(after)) == 16 and len(set(before) & set(after)) == 4
         assert min(set(after) - set(before)) > before.max()   # the others are new
     assert next(_replay_keyed(batch, 0.0))["param_version"].tolist() == [0] * 16
+
+
+def test_the_learner_step_operation_count_grows_with_the_sequence_and_not_with_the_batch():
+    """learner_operations: the launches of a step do not depend on the batch size (the docs compare presets by
+    it), and each step of the unroll adds its recurrent core's and the loss's operations."""
+    from bench.throughput import learner_operations
+    from lbc.config import load_config
+    catch = load_config("catch", ["sequence.length=10"])
+    count = learner_operations(catch)
+    assert learner_operations(catch, batch_size=7) == count
+    longer = learner_operations(load_config("catch", ["sequence.length=14"]))
+    # four more steps: at least the LayerNorm-LSTM's ~15 forward and ~25 backward operations each
+    assert longer - count >= 4 * 30
