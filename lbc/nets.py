@@ -57,14 +57,14 @@ class Frames:
 
     def take(self, index: torch.Tensor) -> Frames:
         """The sequences `index` of frames [T, B, C, H, W], each frame kept in its memory layout (index_select
-        would give the default layout, which the torso would copy back into its own)."""
-        steps, _, *frame = self.pixels.shape
-        nhwc = self.pixels[0].is_contiguous(memory_format=torch.channels_last)
-        flat = torch.empty(steps * len(index), *frame, dtype=self.pixels.dtype, device=self.pixels.device,
-                           memory_format=torch.channels_last if nhwc else torch.contiguous_format)
-        pixels = flat.view(steps, len(index), *frame)
-        for j, i in enumerate(index.tolist()):
-            pixels[:, j].copy_(self.pixels[:, i])
+        would give the default layout, which the torso would copy back into its own). One gather, not a copy
+        per sequence: on a GPU each copy is a launch, and reading the index on the host waits for the device."""
+        pixels = self.pixels
+        if pixels[0].is_contiguous(memory_format=torch.channels_last):
+            # a channels-last frame is [H, W, C] in memory: gather whole frames there
+            pixels = pixels.permute(0, 1, 3, 4, 2).index_select(1, index).permute(0, 1, 4, 2, 3)
+        else:
+            pixels = pixels.index_select(1, index)
         return Frames(pixels, None if self.medians is None else self.medians.index_select(1, index))
 
     def reshape(self, *shape: int) -> Frames:
