@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         restored = snapshot.load(snapshot_path, cfg, buffer, limiter, log)
         if restored:
             log.info("restored %d sequences from %s in %.1f s", restored, snapshot_path, time.monotonic() - started)
+    SIZE.set(len(buffer))   # true from the moment the service reports healthy, not from its loop's first pass
     last_snapshot = time.monotonic()
 
     ctx = zmq.Context.instance()
