@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lbc.family import family_traits
+from lbc.lstm_bptt import ln_lstm_steps_bptt
 from lbc.ngu_nets import NguAgent, NguAux
 from lbc.recycling import Link, dormant_scores, recycle, unit_activity
 from lbc.torsos import resolve_torso, torso_problem
@@ -243,7 +244,8 @@ class LayerNormLSTM(nn.Module):
     input's scale, and the LN on c_t keeps h_t responsive when c_t drifts: a plain LSTM trained on
     short windows saturates when the actors unroll it over a whole episode (docs/decisions.md 24).
     The input projection of every step is one matrix product before the recurrence.
-    Gate order i, f, g, o as torch.nn.LSTMCell.
+    Gate order i, f, g, o as torch.nn.LSTMCell. An unroll that trains (gradients wanted, no autocast) runs
+    lbc.lstm_bptt's written-out backward; any other the plain steps below.
     """
 
     def __init__(self, input_size: int, hidden_size: int) -> None:
@@ -272,7 +274,9 @@ class LayerNormLSTM(nn.Module):
         weights = (self.hidden_proj.weight, self.hidden_norm.weight, self.cell_norm.weight, self.cell_norm.bias)
         h, c = state
         if not self.compiled:
-            out, h, c = ln_lstm_steps(xs, keep, h, c, *weights)
+            trains = torch.is_grad_enabled() and any(t.requires_grad for t in (xs, h, c, *weights))
+            plain = not trains or torch.is_autocast_enabled(xs.device.type)
+            out, h, c = (ln_lstm_steps if plain else ln_lstm_steps_bptt)(xs, keep, h, c, *weights)
             return out, (h, c)
         # whole chunks through the one graph (the chunk's length is part of it), the remainder eagerly
         whole = x.shape[0] - x.shape[0] % COMPILED_STEPS
@@ -297,9 +301,11 @@ def ln_lstm_step(x_t: torch.Tensor, keep_t: torch.Tensor, h: torch.Tensor, c: to
     the new (h, c). LayerNorm's epsilon is nn.LayerNorm's default, as the module's norms have."""
     h, c = h * keep_t, c * keep_t
     gates = x_t + F.layer_norm(F.linear(h, hidden_weight), hidden_gain.shape, hidden_gain, None, 1e-5)
-    i, f, g, o = gates.chunk(4, dim=-1)
-    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-    h = torch.sigmoid(o) * torch.tanh(F.layer_norm(c, cell_gain.shape, cell_gain, cell_bias, 1e-5))
+    # one sigmoid over all four gates (g's is not used): three fewer launches a step where launching bounds
+    i, f, _, o = torch.sigmoid(gates).chunk(4, dim=-1)
+    g = torch.tanh(gates.chunk(4, dim=-1)[2])
+    c = torch.addcmul(f * c, i, g)
+    h = o * torch.tanh(F.layer_norm(c, cell_gain.shape, cell_gain, cell_bias, 1e-5))
     return h, c
 
 

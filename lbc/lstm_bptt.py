@@ -1,0 +1,115 @@
+"""The LayerNorm-LSTM's unroll (lbc.nets.ln_lstm_step over time) with its backward through time written out,
+for the learner's eager step.
+
+Autograd records about 15 operations per step forward and runs about 26 backward, each one kernel launch on a
+GPU, where launching is what bounds the paper preset's learner (docs/speed.md). Written out, a step is 12
+operations forward with nothing recorded and 10 backward; everything that does not depend on the step before
+(the gates' derivatives, the gradients of the weights and the norms' gains) is computed once over all steps,
+the weight gradient as one matrix product over T * B rows instead of T small ones.
+
+Forward, per step t, with keep_t zero where the state resets (Ba et al. 2016 eq. 20-22):
+
+    h' = keep_t h_{t-1},  c' = keep_t c_{t-1},  p_t = W h'
+    (i, f, g, o) = x_t + LN(p_t; a_h)                     x_t: the input's normalised projection
+    c_t = sigma(f) c' + sigma(i) tanh(g),  h_t = sigma(o) tanh(LN(c_t; a_c, b_c))
+
+Backward, with dh_t the gradient reaching h_t (from the output at t and from step t + 1) and dc from step t + 1:
+
+    d_o = dh_t tanh(l_t) sigma'(o),  dl_t = dh_t sigma(o) (1 - tanh^2(l_t))     l_t = LN(c_t)
+    dc_t = LN'(c_t)^T dl_t + dc_{t+1}
+    (d_i, d_f, d_g) = dc_t (tanh(g) sigma'(i), c' sigma'(f), sigma(i) (1 - tanh^2(g)))
+    dc_t -> dc for step t - 1:  dc_t sigma(f) keep_t,      dp_t = LN'(p_t)^T (d_i, d_f, d_g, d_o)
+    dh_{t-1} += (W^T dp_t) keep_t,   dx_t = (d_i, d_f, d_g, d_o),   dW = sum_t dp_t h'_t^T
+
+LN' is layer normalisation's own backward (torch's, the kernel autograd runs); the gains' gradients come from
+it over all steps at once. Tested against autograd through lbc.nets.ln_lstm_steps in float64.
+"""
+
+from __future__ import annotations
+
+import torch
+
+EPS = 1e-5   # nn.LayerNorm's default, as the module's norms have
+_layer_norm_backward = torch.ops.aten.native_layer_norm_backward
+
+
+class _Unroll(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor,   # noqa: ANN001
+                hidden_weight: torch.Tensor, hidden_gain: torch.Tensor, cell_gain: torch.Tensor,
+                cell_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        steps, batch, gates = xs.shape
+        size = gates // 4
+        i, f, g, o = (slice(k * size, (k + 1) * size) for k in range(4))
+        kept_h, kept_c, cells, tanh_cells, out = (xs.new_empty(steps, batch, size) for _ in range(5))
+        projected, acts = xs.new_empty(steps, batch, gates), xs.new_empty(steps, batch, gates)
+        stats: list[tuple[torch.Tensor, ...]] = []
+        weight_t = hidden_weight.t()
+        for t in range(steps):
+            hk = torch.mul(h, keep[t], out=kept_h[t])
+            ck = torch.mul(c, keep[t], out=kept_c[t])
+            p = torch.mm(hk, weight_t, out=projected[t])
+            normed, p_mean, p_rstd = torch.native_layer_norm(p, (gates,), hidden_gain, None, EPS)
+            a = torch.sigmoid(normed.add_(xs[t]), out=acts[t])   # sigma(g) is overwritten by tanh(g) next
+            torch.tanh(normed[:, g], out=a[:, g])
+            c = torch.mul(a[:, f], ck, out=cells[t]).addcmul_(a[:, i], a[:, g])
+            normed_c, c_mean, c_rstd = torch.native_layer_norm(c, (size,), cell_gain, cell_bias, EPS)
+            h = torch.mul(a[:, o], torch.tanh(normed_c, out=tanh_cells[t]), out=out[t])
+            stats.append((p_mean, p_rstd, c_mean, c_rstd))
+        p_mean, p_rstd, c_mean, c_rstd = (torch.stack(s) for s in zip(*stats, strict=True))
+        ctx.save_for_backward(keep, hidden_weight, hidden_gain, cell_gain, cell_bias, kept_h, kept_c, projected,
+                              acts, cells, tanh_cells, p_mean, p_rstd, c_mean, c_rstd)
+        return out, h.clone(), c.clone()   # the last state apart: an output must not be a view of another
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_out: torch.Tensor, d_h: torch.Tensor, d_c: torch.Tensor   # noqa: ANN001
+                 ) -> tuple[torch.Tensor | None, ...]:
+        (keep, hidden_weight, hidden_gain, cell_gain, cell_bias, kept_h, kept_c, projected, acts, cells,
+         tanh_cells, p_mean, p_rstd, c_mean, c_rstd) = ctx.saved_tensors
+        steps, batch, gates = projected.shape
+        size = gates // 4
+        s_i, s_f, tanh_g, s_o = acts.split(size, dim=-1)
+        slope = acts * (1 - acts)   # sigma' where acts holds sigma
+        # what dc_t multiplies into (d_i, d_f, d_g), [T, B, 3, H], and what dh_t multiplies into d_o and dl
+        to_ifg = torch.stack((tanh_g * slope[..., :size], kept_c * slope[..., size:2 * size],
+                              s_i * (1 - tanh_g * tanh_g)), dim=2)
+        to_o = tanh_cells * slope[..., 3 * size:]
+        to_l = s_o * (1 - tanh_cells * tanh_cells)
+        carry_c = s_f * keep
+        d_gates = acts.new_empty(steps, batch, gates)
+        d_normed_c = acts.new_empty(steps, batch, size)
+        d_projected = acts.new_empty(steps, batch, gates)
+        dh, dc = d_h, d_c
+        first_only = [True, False, False]
+        for t in range(steps - 1, -1, -1):
+            dh = dh + d_out[t]
+            dg = d_gates[t]
+            torch.mul(dh, to_o[t], out=dg[:, 3 * size:])
+            dl = torch.mul(dh, to_l[t], out=d_normed_c[t])
+            dc = _layer_norm_backward(dl, cells[t], (size,), c_mean[t], c_rstd[t], cell_gain, cell_bias,
+                                      first_only)[0].add_(dc)
+            torch.mul(dc[:, None, :], to_ifg[t], out=dg[:, :3 * size].view(batch, 3, size))
+            dc = dc.mul_(carry_c[t])
+            dp = _layer_norm_backward(dg, projected[t], (gates,), p_mean[t], p_rstd[t], hidden_gain, None,
+                                      first_only)[0]
+            d_projected[t] = dp
+            dh = torch.mm(dp, hidden_weight).mul_(keep[t])
+        rows = steps * batch
+        d_weight = d_projected.view(rows, gates).t().mm(kept_h.view(rows, size))
+        d_hidden_gain = _layer_norm_backward(d_gates.view(rows, gates), projected.view(rows, gates), (gates,),
+                                             p_mean.view(rows, 1), p_rstd.view(rows, 1), hidden_gain, None,
+                                             [False, True, False])[1]
+        _, d_cell_gain, d_cell_bias = _layer_norm_backward(
+            d_normed_c.view(rows, size), cells.view(rows, size), (size,), c_mean.view(rows, 1),
+            c_rstd.view(rows, 1), cell_gain, cell_bias, [False, True, True])
+        return d_gates, None, dh, dc, d_weight, d_hidden_gain, d_cell_gain, d_cell_bias
+
+
+def ln_lstm_steps_bptt(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
+                       hidden_weight: torch.Tensor, hidden_gain: torch.Tensor, cell_gain: torch.Tensor,
+                       cell_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """lbc.nets.ln_lstm_steps (the same arguments and results: every step's h [T, B, H] and the last (h, c)) with
+    the backward above. Float tensors of one dtype, outside autocast (the caller checks)."""
+    return _Unroll.apply(xs, keep, h, c, hidden_weight, hidden_gain, cell_gain, cell_bias)

@@ -1,0 +1,65 @@
+"""lbc.lstm_bptt: the LayerNorm-LSTM's written-out backward through time against autograd through the plain
+steps (lbc.nets.ln_lstm_steps) and against finite differences."""
+
+import pytest
+import torch
+
+from lbc.lstm_bptt import ln_lstm_steps_bptt
+from lbc.nets import LayerNormLSTM, ln_lstm_steps
+
+
+def _inputs(steps: int, batch: int = 3, size: int = 4, seed: int = 0) -> list[torch.Tensor]:
+    """(xs, keep, h, c, hidden_weight, hidden_gain, cell_gain, cell_bias) in float64, a reset in the middle,
+    gains and biases away from 1 and 0 so that every term matters."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+        return (shift + scale * torch.randn(*shape, generator=g, dtype=torch.float64)).requires_grad_()
+
+    keep = torch.ones(steps, batch, 1, dtype=torch.float64)
+    keep[steps // 2, 1] = 0.0
+    return [rand(steps, batch, 4 * size), keep, rand(batch, size), rand(batch, size),
+            rand(4 * size, size, scale=0.5), rand(4 * size, scale=0.3, shift=1.0), rand(size, scale=0.3, shift=1.0),
+            rand(size, scale=0.3)]
+
+
+def _results(steps_fn, inputs: list[torch.Tensor], weights: tuple[float, float, float]) -> list[torch.Tensor]:
+    out, h, c = steps_fn(*inputs)
+    torch.manual_seed(1)
+    loss = (weights[0] * (out * torch.randn_like(out)).sum() + weights[1] * (h * h).sum()
+            + weights[2] * (c * torch.randn_like(c)).sum())
+    grads = torch.autograd.grad(loss, [t for t in inputs if t.requires_grad])
+    return [out, h, c, *grads]
+
+
+@pytest.mark.parametrize("steps", [1, 2, 7])
+@pytest.mark.parametrize("weights", [(1.0, 0.5, 0.7), (1.0, 0.0, 0.0), (0.0, 0.0, 1.0)])
+def test_outputs_and_every_gradient_match_autograd_through_the_plain_steps(steps, weights):
+    """Every step's h, the last (h, c), and the gradients of the inputs' projection, the start state and the four
+    weights, for losses on all three outputs and on each alone (autograd then hands the others zeros)."""
+    inputs = _inputs(steps)
+    for got, want in zip(_results(ln_lstm_steps_bptt, inputs, weights), _results(ln_lstm_steps, inputs, weights),
+                         strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_the_backward_matches_finite_differences():
+    inputs = _inputs(4, batch=2, size=3, seed=2)
+    assert torch.autograd.gradcheck(ln_lstm_steps_bptt, inputs, eps=1e-6, atol=1e-7)
+
+
+def test_the_module_trains_through_the_written_out_backward_and_otherwise_steps_plainly():
+    """LayerNormLSTM's unroll takes the written-out backward when it trains, and the plain steps (which export
+    and autocast understand) under no_grad and under autocast; the float32 results agree."""
+    torch.manual_seed(0)
+    core = LayerNormLSTM(5, 8)
+    x, keep = torch.randn(6, 3, 5), torch.ones(6, 3, 1)
+    state = (torch.randn(3, 8), torch.randn(3, 8))
+    out, _ = core(x, keep, state)
+    assert type(out.grad_fn).__name__ == "_UnrollBackward"
+    with torch.no_grad():
+        plain, _ = core(x, keep, state)
+    torch.testing.assert_close(out.detach(), plain, rtol=1e-5, atol=1e-6)
+    with torch.autocast("cpu", torch.bfloat16):
+        mixed, _ = core(x, keep, state)
+    assert type(mixed.grad_fn).__name__ != "_UnrollBackward"
