@@ -377,6 +377,7 @@ LEVERS: dict[str, tuple[str, list[str]]] = {
 }
 # measured on a GPU learner only, where launching the recurrence's small kernels bounds the step (decision 56)
 GPU_LEVERS: dict[str, tuple[str, list[str]]] = {
+    "recurrence as CUDA graphs": ("learner", ["learner.cuda_graphs=true"]),
     "recurrence compiled": ("learner", ["learner.compile=true"]),
 }
 

@@ -233,6 +233,9 @@ class LearnerConfig(_Section):
     compile: bool = Field(False, description="the recurrent core (LayerNormLSTM) unrolled through torch.compile's "
                           "fused kernels, 8 steps per graph, compiled in the learner's first steps (the same function "
                           "within float rounding; docs/speed.md)")
+    cuda_graphs: bool = Field(False, description="a GPU learner replays the recurrent core's unroll (LayerNormLSTM, "
+                              "forward and backward) as CUDA graphs captured in its first steps: two launches "
+                              "where eager launches about 22 a step (lbc.lstm_bptt; the same arithmetic)")
     seed: int = 0
 
 
@@ -415,6 +418,9 @@ class Config(BaseSettings):
             raise ValueError(f"learner.recycle_every covers the small and mlp torsos, not net.torso={torso}")
         if self.learner.split_batch > self.learner.batch_size:
             raise ValueError("learner.split_batch cannot exceed learner.batch_size")
+        if self.learner.cuda_graphs and (self.learner.compile or self.learner.device == "cpu"):
+            raise ValueError("learner.cuda_graphs needs a GPU learner (learner.device auto or cuda) and "
+                             "learner.compile=false: both replace the same unroll")
         if self.replay.min_sequences < self.learner.batch_size:
             raise ValueError("replay.min_sequences must be at least learner.batch_size")
         if self.replay.ratio_tolerance < self.learner.batch_size + self.replay.replay_ratio:

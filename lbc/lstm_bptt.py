@@ -27,89 +27,158 @@ it over all steps at once. Tested against autograd through lbc.nets.ln_lstm_step
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import torch
 
 EPS = 1e-5   # nn.LayerNorm's default, as the module's norms have
 _layer_norm_backward = torch.ops.aten.native_layer_norm_backward
 
 
+def unroll_forward(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor, hidden_weight: torch.Tensor,
+                   hidden_gain: torch.Tensor, cell_gain: torch.Tensor, cell_bias: torch.Tensor
+                   ) -> tuple[torch.Tensor, ...]:
+    """The forward above over xs [T, B, 4H]: (every step's h [T, B, H], the last h, the last c, then what
+    unroll_backward reads: the per-step values and the two norms' means and inverse deviations)."""
+    steps, batch, gates = xs.shape
+    size = gates // 4
+    i, f, g, o = (slice(k * size, (k + 1) * size) for k in range(4))
+    kept_h, kept_c, cells, tanh_cells, out = (xs.new_empty(steps, batch, size) for _ in range(5))
+    projected, acts = xs.new_empty(steps, batch, gates), xs.new_empty(steps, batch, gates)
+    stats: list[tuple[torch.Tensor, ...]] = []
+    weight_t = hidden_weight.t()
+    for t in range(steps):
+        hk = torch.mul(h, keep[t], out=kept_h[t])
+        ck = torch.mul(c, keep[t], out=kept_c[t])
+        p = torch.mm(hk, weight_t, out=projected[t])
+        normed, p_mean, p_rstd = torch.native_layer_norm(p, (gates,), hidden_gain, None, EPS)
+        a = torch.sigmoid(normed.add_(xs[t]), out=acts[t])   # sigma(g) is overwritten by tanh(g) next
+        torch.tanh(normed[:, g], out=a[:, g])
+        c = torch.mul(a[:, f], ck, out=cells[t]).addcmul_(a[:, i], a[:, g])
+        normed_c, c_mean, c_rstd = torch.native_layer_norm(c, (size,), cell_gain, cell_bias, EPS)
+        h = torch.mul(a[:, o], torch.tanh(normed_c, out=tanh_cells[t]), out=out[t])
+        stats.append((p_mean, p_rstd, c_mean, c_rstd))
+    p_mean, p_rstd, c_mean, c_rstd = (torch.stack(s) for s in zip(*stats, strict=True))
+    # the last state apart: an output must not be a view of another
+    return (out, h.clone(), c.clone(), kept_h, kept_c, projected, acts, cells, tanh_cells, p_mean, p_rstd, c_mean,
+            c_rstd)
+
+
+def unroll_backward(d_out: torch.Tensor, d_h: torch.Tensor, d_c: torch.Tensor, keep: torch.Tensor,
+                    hidden_weight: torch.Tensor, hidden_gain: torch.Tensor, cell_gain: torch.Tensor,
+                    cell_bias: torch.Tensor, kept_h: torch.Tensor, kept_c: torch.Tensor, projected: torch.Tensor,
+                    acts: torch.Tensor, cells: torch.Tensor, tanh_cells: torch.Tensor, p_mean: torch.Tensor,
+                    p_rstd: torch.Tensor, c_mean: torch.Tensor, c_rstd: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The backward above from the gradients reaching every step's h, the last h and the last c, and what
+    unroll_forward kept: the gradients of (xs, h, c, hidden_weight, hidden_gain, cell_gain, cell_bias)."""
+    steps, batch, gates = projected.shape
+    size = gates // 4
+    s_i, s_f, tanh_g, s_o = acts.split(size, dim=-1)
+    slope = acts * (1 - acts)   # sigma' where acts holds sigma
+    # what dc_t multiplies into (d_i, d_f, d_g), [T, B, 3, H], and what dh_t multiplies into d_o and dl
+    to_ifg = torch.stack((tanh_g * slope[..., :size], kept_c * slope[..., size:2 * size],
+                          s_i * (1 - tanh_g * tanh_g)), dim=2)
+    to_o = tanh_cells * slope[..., 3 * size:]
+    to_l = s_o * (1 - tanh_cells * tanh_cells)
+    carry_c = s_f * keep
+    d_gates = acts.new_empty(steps, batch, gates)
+    d_normed_c = acts.new_empty(steps, batch, size)
+    d_projected = acts.new_empty(steps, batch, gates)
+    dh, dc = d_h, d_c
+    first_only = [True, False, False]
+    for t in range(steps - 1, -1, -1):
+        dh = dh + d_out[t]
+        dg = d_gates[t]
+        torch.mul(dh, to_o[t], out=dg[:, 3 * size:])
+        dl = torch.mul(dh, to_l[t], out=d_normed_c[t])
+        dc = _layer_norm_backward(dl, cells[t], (size,), c_mean[t], c_rstd[t], cell_gain, cell_bias,
+                                  first_only)[0].add_(dc)
+        torch.mul(dc[:, None, :], to_ifg[t], out=dg[:, :3 * size].view(batch, 3, size))
+        dc = dc.mul_(carry_c[t])
+        dp = _layer_norm_backward(dg, projected[t], (gates,), p_mean[t], p_rstd[t], hidden_gain, None,
+                                  first_only)[0]
+        d_projected[t] = dp
+        dh = torch.mm(dp, hidden_weight).mul_(keep[t])
+    rows = steps * batch
+    d_weight = d_projected.view(rows, gates).t().mm(kept_h.view(rows, size))
+    d_hidden_gain = _layer_norm_backward(d_gates.view(rows, gates), projected.view(rows, gates), (gates,),
+                                         p_mean.view(rows, 1), p_rstd.view(rows, 1), hidden_gain, None,
+                                         [False, True, False])[1]
+    _, d_cell_gain, d_cell_bias = _layer_norm_backward(
+        d_normed_c.view(rows, size), cells.view(rows, size), (size,), c_mean.view(rows, 1),
+        c_rstd.view(rows, 1), cell_gain, cell_bias, [False, True, True])
+    return d_gates, dh, dc, d_weight, d_hidden_gain, d_cell_gain, d_cell_bias
+
+
 class _Unroll(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor,   # noqa: ANN001
-                hidden_weight: torch.Tensor, hidden_gain: torch.Tensor, cell_gain: torch.Tensor,
-                cell_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        steps, batch, gates = xs.shape
-        size = gates // 4
-        i, f, g, o = (slice(k * size, (k + 1) * size) for k in range(4))
-        kept_h, kept_c, cells, tanh_cells, out = (xs.new_empty(steps, batch, size) for _ in range(5))
-        projected, acts = xs.new_empty(steps, batch, gates), xs.new_empty(steps, batch, gates)
-        stats: list[tuple[torch.Tensor, ...]] = []
-        weight_t = hidden_weight.t()
-        for t in range(steps):
-            hk = torch.mul(h, keep[t], out=kept_h[t])
-            ck = torch.mul(c, keep[t], out=kept_c[t])
-            p = torch.mm(hk, weight_t, out=projected[t])
-            normed, p_mean, p_rstd = torch.native_layer_norm(p, (gates,), hidden_gain, None, EPS)
-            a = torch.sigmoid(normed.add_(xs[t]), out=acts[t])   # sigma(g) is overwritten by tanh(g) next
-            torch.tanh(normed[:, g], out=a[:, g])
-            c = torch.mul(a[:, f], ck, out=cells[t]).addcmul_(a[:, i], a[:, g])
-            normed_c, c_mean, c_rstd = torch.native_layer_norm(c, (size,), cell_gain, cell_bias, EPS)
-            h = torch.mul(a[:, o], torch.tanh(normed_c, out=tanh_cells[t]), out=out[t])
-            stats.append((p_mean, p_rstd, c_mean, c_rstd))
-        p_mean, p_rstd, c_mean, c_rstd = (torch.stack(s) for s in zip(*stats, strict=True))
-        ctx.save_for_backward(keep, hidden_weight, hidden_gain, cell_gain, cell_bias, kept_h, kept_c, projected,
-                              acts, cells, tanh_cells, p_mean, p_rstd, c_mean, c_rstd)
-        return out, h.clone(), c.clone()   # the last state apart: an output must not be a view of another
+    def forward(ctx, graphs: GraphCache | None, *inputs: torch.Tensor   # noqa: ANN001
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        results = unroll_forward(*inputs) if graphs is None else graphs.run(unroll_forward, inputs)
+        keep, weights = inputs[1], inputs[4:]
+        ctx.graphs = graphs
+        ctx.save_for_backward(keep, *weights, *results[3:])
+        return results[:3]
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, d_out: torch.Tensor, d_h: torch.Tensor, d_c: torch.Tensor   # noqa: ANN001
-                 ) -> tuple[torch.Tensor | None, ...]:
-        (keep, hidden_weight, hidden_gain, cell_gain, cell_bias, kept_h, kept_c, projected, acts, cells,
-         tanh_cells, p_mean, p_rstd, c_mean, c_rstd) = ctx.saved_tensors
-        steps, batch, gates = projected.shape
-        size = gates // 4
-        s_i, s_f, tanh_g, s_o = acts.split(size, dim=-1)
-        slope = acts * (1 - acts)   # sigma' where acts holds sigma
-        # what dc_t multiplies into (d_i, d_f, d_g), [T, B, 3, H], and what dh_t multiplies into d_o and dl
-        to_ifg = torch.stack((tanh_g * slope[..., :size], kept_c * slope[..., size:2 * size],
-                              s_i * (1 - tanh_g * tanh_g)), dim=2)
-        to_o = tanh_cells * slope[..., 3 * size:]
-        to_l = s_o * (1 - tanh_cells * tanh_cells)
-        carry_c = s_f * keep
-        d_gates = acts.new_empty(steps, batch, gates)
-        d_normed_c = acts.new_empty(steps, batch, size)
-        d_projected = acts.new_empty(steps, batch, gates)
-        dh, dc = d_h, d_c
-        first_only = [True, False, False]
-        for t in range(steps - 1, -1, -1):
-            dh = dh + d_out[t]
-            dg = d_gates[t]
-            torch.mul(dh, to_o[t], out=dg[:, 3 * size:])
-            dl = torch.mul(dh, to_l[t], out=d_normed_c[t])
-            dc = _layer_norm_backward(dl, cells[t], (size,), c_mean[t], c_rstd[t], cell_gain, cell_bias,
-                                      first_only)[0].add_(dc)
-            torch.mul(dc[:, None, :], to_ifg[t], out=dg[:, :3 * size].view(batch, 3, size))
-            dc = dc.mul_(carry_c[t])
-            dp = _layer_norm_backward(dg, projected[t], (gates,), p_mean[t], p_rstd[t], hidden_gain, None,
-                                      first_only)[0]
-            d_projected[t] = dp
-            dh = torch.mm(dp, hidden_weight).mul_(keep[t])
-        rows = steps * batch
-        d_weight = d_projected.view(rows, gates).t().mm(kept_h.view(rows, size))
-        d_hidden_gain = _layer_norm_backward(d_gates.view(rows, gates), projected.view(rows, gates), (gates,),
-                                             p_mean.view(rows, 1), p_rstd.view(rows, 1), hidden_gain, None,
-                                             [False, True, False])[1]
-        _, d_cell_gain, d_cell_bias = _layer_norm_backward(
-            d_normed_c.view(rows, size), cells.view(rows, size), (size,), c_mean.view(rows, 1),
-            c_rstd.view(rows, 1), cell_gain, cell_bias, [False, True, True])
-        return d_gates, None, dh, dc, d_weight, d_hidden_gain, d_cell_gain, d_cell_bias
+    def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:   # noqa: ANN001
+        inputs = (*grads, *ctx.saved_tensors)
+        d_xs, dh, dc, *d_weights = unroll_backward(*inputs) if ctx.graphs is None \
+            else ctx.graphs.run(unroll_backward, inputs)
+        return None, d_xs, None, dh, dc, *d_weights
+
+
+class GraphCache:
+    """unroll_forward and unroll_backward as CUDA graphs, one captured per function and input shapes (a few per
+    learner: the online network's unroll, its burn-in, the target's), then replayed: one launch for the whole
+    unroll instead of about 12 per step forward and 10 backward. The inputs are copied into the graph's own
+    tensors and the results copied out, so that nothing a caller holds is overwritten by the next replay.
+    Captures and replays hold a lock: the learner's preparing thread unrolls too."""
+
+    def __deepcopy__(self, memo: dict) -> GraphCache:
+        return self   # a copied network (the target) shares the graphs: inputs and weights are copied in
+
+    def __init__(self) -> None:
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = {}
+        self.lock = threading.Lock()
+
+    def run(self, fn: Callable[..., tuple[torch.Tensor, ...]], inputs: tuple[torch.Tensor, ...],
+            results: int | None = None) -> tuple[torch.Tensor, ...]:
+        """fn(*inputs) by its graph: its first `results` results (all by default), copied out."""
+        key = (fn.__name__, *((t.shape, t.dtype, t.device) for t in inputs))
+        with self.lock:
+            if key not in self.graphs:
+                self.graphs[key] = self._capture(fn, inputs)
+            graph, static_inputs, static_results = self.graphs[key]
+            for static, t in zip(static_inputs, inputs, strict=True):
+                static.copy_(t)
+            graph.replay()
+            return tuple(r.clone() for r in static_results[:results])
+
+    @staticmethod
+    def _capture(fn: Callable[..., tuple[torch.Tensor, ...]], inputs: tuple[torch.Tensor, ...]
+                 ) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        static_inputs = tuple(t.detach().clone() for t in inputs)
+        side = torch.cuda.Stream(inputs[0].device)
+        side.wait_stream(torch.cuda.current_stream(inputs[0].device))
+        with torch.cuda.stream(side):   # warm-up before capture, as torch.cuda.graphs asks (cuBLAS's workspace)
+            fn(*static_inputs)
+        torch.cuda.current_stream(inputs[0].device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: another thread (the preparing one) may allocate while this one captures
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            static_results = fn(*static_inputs)
+        return graph, static_inputs, static_results
 
 
 def ln_lstm_steps_bptt(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
                        hidden_weight: torch.Tensor, hidden_gain: torch.Tensor, cell_gain: torch.Tensor,
-                       cell_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       cell_bias: torch.Tensor, graphs: GraphCache | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """lbc.nets.ln_lstm_steps (the same arguments and results: every step's h [T, B, H] and the last (h, c)) with
-    the backward above. Float tensors of one dtype, outside autocast (the caller checks)."""
-    return _Unroll.apply(xs, keep, h, c, hidden_weight, hidden_gain, cell_gain, cell_bias)
+    the backward above. Float tensors of one dtype, outside autocast (the caller checks). With `graphs` (CUDA
+    tensors only) the forward and the backward replay CUDA graphs."""
+    return _Unroll.apply(graphs, xs, keep, h, c, hidden_weight, hidden_gain, cell_gain, cell_bias)

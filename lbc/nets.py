@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lbc.family import family_traits
-from lbc.lstm_bptt import ln_lstm_steps_bptt
+from lbc.lstm_bptt import GraphCache, ln_lstm_steps_bptt, unroll_forward
 from lbc.ngu_nets import NguAgent, NguAux
 from lbc.recycling import Link, dormant_scores, recycle, unit_activity
 from lbc.torsos import resolve_torso, torso_problem
@@ -260,12 +260,19 @@ class LayerNormLSTM(nn.Module):
             self.input_norm.bias[hidden_size:2 * hidden_size].fill_(1.0)
 
         self.compiled = False   # compile_unroll: the recurrence as torch.compile's fused kernels, in chunks of steps
+        self.graphs: GraphCache | None = None   # graph_unroll: on a GPU, the unroll as CUDA graphs
 
     def compile_unroll(self) -> None:
         """Unroll the recurrence through torch.compile's kernels for ln_lstm_steps, COMPILED_STEPS steps per
         call (the same function; a GPU learner's step is otherwise bound by launching its many small kernels
         forward and backward, docs/speed.md). Copies made after (the target network) unroll compiled too."""
         self.compiled = True
+
+    def graph_unroll(self) -> None:
+        """On a GPU, replay the unroll (lbc.lstm_bptt's forward and written-out backward, and the forward alone
+        where nothing trains) as CUDA graphs captured at each input shape's first call: two launches where
+        eager launches about 22 per step. Copies made after (the target network) share the graphs."""
+        self.graphs = GraphCache()
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor,
                 state: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -275,8 +282,13 @@ class LayerNormLSTM(nn.Module):
         h, c = state
         if not self.compiled:
             trains = torch.is_grad_enabled() and any(t.requires_grad for t in (xs, h, c, *weights))
-            plain = not trains or torch.is_autocast_enabled(xs.device.type)
-            out, h, c = (ln_lstm_steps if plain else ln_lstm_steps_bptt)(xs, keep, h, c, *weights)
+            graphs = self.graphs if xs.is_cuda else None
+            if torch.is_autocast_enabled(xs.device.type) or not (trains or graphs):
+                out, h, c = ln_lstm_steps(xs, keep, h, c, *weights)
+            elif trains:
+                out, h, c = ln_lstm_steps_bptt(xs, keep, h, c, *weights, graphs=graphs)
+            else:
+                out, h, c = graphs.run(unroll_forward, (xs, keep, h, c, *weights), results=3)
             return out, (h, c)
         # whole chunks through the one graph (the chunk's length is part of it), the remainder eagerly
         whole = x.shape[0] - x.shape[0] % COMPILED_STEPS

@@ -78,10 +78,14 @@ class Trainer:
         self.agent = build_agent(cfg, spec.obs_shape, spec.num_actions).to(self.device)
         self.model: LBCNet = policy_net(self.agent).set_channels_last(True)
         lc = cfg.learner
-        if lc.compile:   # before make_loss copies the target network
-            for module in self.agent.modules():
-                if isinstance(module, LayerNormLSTM):
+        if lc.cuda_graphs and self.device.type != "cuda":
+            raise SystemExit("learner.cuda_graphs needs a GPU learner, and learner.device=auto found no GPU")
+        for module in self.agent.modules():   # before make_loss copies the target network
+            if isinstance(module, LayerNormLSTM):
+                if lc.compile:
                     module.compile_unroll()
+                if lc.cuda_graphs:
+                    module.graph_unroll()
         self.loss = make_loss(cfg, self.agent, self.device)
         self.optimiser = build_optimiser(self.model, lc)
         for group in self.loss.param_groups():

@@ -55,6 +55,10 @@ def test_bad_input_is_named():
         load_config("cpu", ["learner.batch_size"])
     with pytest.raises(Exception, match="rho_bar >= c_bar"):
         load_config("cpu", ["learner.rho_bar=0.5"])
+    with pytest.raises(Exception, match="cuda_graphs needs a GPU learner"):
+        load_config("cpu", ["learner.cuda_graphs=true", "learner.device=cpu"])
+    with pytest.raises(Exception, match="cuda_graphs needs a GPU learner"):
+        load_config("lbc-bm", ["learner.cuda_graphs=true", "learner.compile=true"])
 
 
 def test_ngu_and_agent57_settings_are_checked():

@@ -63,3 +63,43 @@ def test_the_module_trains_through_the_written_out_backward_and_otherwise_steps_
     with torch.autocast("cpu", torch.bfloat16):
         mixed, _ = core(x, keep, state)
     assert type(mixed.grad_fn).__name__ != "_UnrollBackward"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a visible GPU")
+def test_the_unroll_replayed_as_cuda_graphs_gives_the_eager_results():
+    """LayerNormLSTM.graph_unroll: the training unroll (forward and backward) and the forward alone replay graphs
+    captured at each shape's first call; replays with other inputs and other weights (a copy, as the target
+    network is, shares the graphs) give what the eager unroll gives, and a replay does not overwrite the results
+    of the one before."""
+    import copy
+    torch.manual_seed(0)
+    eager = LayerNormLSTM(5, 8).cuda()
+    graphed = copy.deepcopy(eager)
+    graphed.graph_unroll()
+    other = copy.deepcopy(graphed)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    other_eager = copy.deepcopy(other)
+    other_eager.graphs = None
+    kept = []
+    for call in range(3):
+        x = torch.randn(7, 3, 5, device="cuda")
+        keep = torch.ones(7, 3, 1, device="cuda")
+        keep[call + 1, call] = 0.0
+        state = (torch.randn(3, 8, device="cuda"), torch.randn(3, 8, device="cuda"))
+        for ref, core in ((eager, graphed), (other_eager, other)):
+            results = []
+            for module in (ref, core):
+                module.zero_grad()
+                out, (h, c) = module(x, keep, state)
+                (out.square().sum() + c.sum() + 0.5 * h.sum()).backward()
+                results.append([out.detach(), c.detach(), *(p.grad for p in module.parameters())])
+                with torch.no_grad():
+                    results[-1].append(module(x, keep, state)[0])
+            for got, want in zip(results[1], results[0], strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+            kept.append((results[1][0].clone(), results[1][0]))
+    assert all(torch.equal(a, b) for a, b in kept)
+    # one shape: a forward (which the forward alone replays too) and a backward, shared with the copy
+    assert len(graphed.graphs.graphs) == 2 and other.graphs is graphed.graphs

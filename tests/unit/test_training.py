@@ -283,6 +283,32 @@ def test_a_compiled_recurrence_trains_as_the_eager_one(monkeypatch):
     np.testing.assert_allclose(fused.priorities, eager.priorities, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a visible GPU")
+def test_a_learner_replaying_the_recurrence_as_cuda_graphs_trains_as_the_eager_one():
+    """learner.cuda_graphs: three steps (the graphs captured in the first, replayed with the weights each step
+    left) give the eager GPU learner's losses, priorities and parameters within float rounding."""
+    base = ["learner.device=cuda", "learner.warmup_steps=0", "learner.target_update_every=2"]
+    rng = np.random.default_rng(5)
+    batches = [_batch(load_config("catch", base), rng) for _ in range(3)]
+    results = []
+    for graphs in (False, True):
+        torch.manual_seed(0)
+        trainer = Trainer(load_config("catch", [*base, f"learner.cuda_graphs={str(graphs).lower()}"]))
+        stats = [trainer.train_step(batch) for batch in batches]
+        results.append((stats, torch.cat([p.detach().flatten() for p in trainer.model.parameters()])))
+    (eager, p_eager), (graphed, p_graphed) = results
+    for a, b in zip(eager, graphed, strict=True):
+        assert b.loss == pytest.approx(a.loss, rel=1e-5)
+        np.testing.assert_allclose(b.priorities, a.priorities, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(p_graphed, p_eager, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="learner.device=auto finds the GPU")
+def test_cuda_graphs_are_refused_where_no_gpu_learns():
+    with pytest.raises(SystemExit, match="cuda_graphs needs a GPU learner"):
+        Trainer(load_config("catch", ["learner.cuda_graphs=true"]))
+
+
 def test_compiled_kernels_are_kept_in_the_run_folder_unless_the_environment_names_a_place(tmp_path):
     """learner.compile: a restarted learner finds the kernels it compiled (torch's default place is under /tmp,
     which a new pod does not keep)."""
