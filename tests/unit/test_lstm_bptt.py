@@ -1,10 +1,13 @@
 """lbc.lstm_bptt: the LayerNorm-LSTM's written-out backward through time against autograd through the plain
 steps (lbc.nets.ln_lstm_steps) and against finite differences."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from lbc.lstm_bptt import ln_lstm_steps_bptt
+from lbc import lstm_bptt
+from lbc.lstm_bptt import GraphCache, ln_lstm_steps_bptt, unroll_forward
 from lbc.nets import LayerNormLSTM, ln_lstm_steps
 
 
@@ -63,6 +66,42 @@ def test_the_module_trains_through_the_written_out_backward_and_otherwise_steps_
     with torch.autocast("cpu", torch.bfloat16):
         mixed, _ = core(x, keep, state)
     assert type(mixed.grad_fn).__name__ != "_UnrollBackward"
+
+
+def _capture_on_the_cpu(fn, inputs):
+    """Stands in for GraphCache._capture where no GPU is: the "graph" recomputes fn over the static inputs into the
+    static results when replayed, which is what a captured CUDA graph does to its memory."""
+    static_inputs = tuple(t.detach().clone() for t in inputs)
+    static_results = fn(*static_inputs)
+
+    def replay() -> None:
+        for static, fresh in zip(static_results, fn(*static_inputs), strict=True):
+            static.copy_(fresh)
+    return SimpleNamespace(replay=replay), static_inputs, static_results
+
+
+def test_the_graph_cache_copies_in_and_out_and_keys_by_shape(monkeypatch):
+    """GraphCache's side of the CUDA graphs, on the CPU with the stand-in above (the graphs themselves are the GPU
+    test's below): the unroll through the cache gives the eager outputs and gradients; a replay leaves the results
+    of the one before alone; one forward and one backward per shape; past MAX_GRAPHS a shape runs eagerly."""
+    monkeypatch.setattr(GraphCache, "_capture", staticmethod(_capture_on_the_cpu))
+    cache = GraphCache()
+    earlier = []
+    for seed in range(3):
+        inputs = _inputs(5, seed=seed)
+        graphed = _results(lambda *a: ln_lstm_steps_bptt(*a, graphs=cache), inputs, (1.0, 0.5, 0.7))
+        for got, want in zip(graphed, _results(ln_lstm_steps, inputs, (1.0, 0.5, 0.7)), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+        alone = cache.run(unroll_forward, tuple(t.detach() for t in inputs), results=3)
+        assert len(alone) == 3 and torch.equal(alone[0], graphed[0])
+        earlier.append((graphed[0], graphed[0].clone()))
+    assert all(torch.equal(a, b) for a, b in earlier)
+    assert len(cache.graphs) == 2
+    monkeypatch.setattr(lstm_bptt, "MAX_GRAPHS", 2)
+    other = _inputs(2)
+    torch.testing.assert_close(_results(lambda *a: ln_lstm_steps_bptt(*a, graphs=cache), other, (1.0, 0.5, 0.7)),
+                               _results(ln_lstm_steps, other, (1.0, 0.5, 0.7)), rtol=1e-10, atol=1e-12)
+    assert len(cache.graphs) == 2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a visible GPU")
