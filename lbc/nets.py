@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lbc.family import family_traits
+from lbc.lstm_bptt import EPS as LN_EPS
 from lbc.lstm_bptt import GraphCache, ln_lstm_steps_bptt, unroll_forward
 from lbc.ngu_nets import NguAgent, NguAux
 from lbc.recycling import Link, dormant_scores, recycle, unit_activity
@@ -312,12 +313,12 @@ def ln_lstm_step(x_t: torch.Tensor, keep_t: torch.Tensor, h: torch.Tensor, c: to
     the state reset where keep_t [B, 1] is 0, the hidden projection normalised (gain, no bias), the gates, and
     the new (h, c). LayerNorm's epsilon is nn.LayerNorm's default, as the module's norms have."""
     h, c = h * keep_t, c * keep_t
-    gates = x_t + F.layer_norm(F.linear(h, hidden_weight), hidden_gain.shape, hidden_gain, None, 1e-5)
+    gates = x_t + F.layer_norm(F.linear(h, hidden_weight), hidden_gain.shape, hidden_gain, None, LN_EPS)
     # one sigmoid over all four gates (g's is not used): three fewer launches a step where launching bounds
     i, f, _, o = torch.sigmoid(gates).chunk(4, dim=-1)
     g = torch.tanh(gates.chunk(4, dim=-1)[2])
     c = torch.addcmul(f * c, i, g)
-    h = o * torch.tanh(F.layer_norm(c, cell_gain.shape, cell_gain, cell_bias, 1e-5))
+    h = o * torch.tanh(F.layer_norm(c, cell_gain.shape, cell_gain, cell_bias, LN_EPS))
     return h, c
 
 
