@@ -278,11 +278,12 @@ class _OperationCount(TorchDispatchMode):
 def learner_operations(cfg: Config, batch_size: int = 2) -> int:
     """Operations one eager learner step dispatches, forward, loss, backward and optimiser, each at least one
     kernel launch on a GPU, where launching is what bounds the paper preset's step (docs/speed.md). Counted on
-    the CPU with learner.compile off, one part, nothing prepared ahead and every target unrolled, so that the
-    count is the same from step to step; it does not depend on the batch size, so a batch of two makes it."""
+    the CPU with learner.compile and cuda_graphs off, one part, nothing prepared ahead and every target
+    unrolled, so that the count is the same from step to step; it does not depend on the batch size, so a batch
+    of two makes it."""
     cfg = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={
-        "device": "cpu", "compile": False, "prepare_ahead": False, "target_cache": False, "split_batch": 1,
-        "batch_size": batch_size})})
+        "device": "cpu", "compile": False, "cuda_graphs": False, "prepare_ahead": False, "target_cache": False,
+        "split_batch": 1, "batch_size": batch_size})})
     batch = _learner_batch(cfg)
     trainer = Trainer(cfg)
     trainer.train_step(batch)   # the optimiser's state is made in the first step

@@ -125,6 +125,8 @@ def test_the_learner_step_operation_count_grows_with_the_sequence_and_not_with_t
     catch = load_config("catch", ["sequence.length=10"])
     count = learner_operations(catch)
     assert learner_operations(catch, batch_size=7) == count
+    # counted eagerly on the CPU whatever the run's GPU settings (gpu_checks.sh sets learner.cuda_graphs)
+    assert learner_operations(load_config("catch", ["sequence.length=10", "learner.cuda_graphs=true"])) == count
     longer = learner_operations(load_config("catch", ["sequence.length=14"]))
     # four more steps: at least the LayerNorm-LSTM's 12 forward and 10 backward operations each (lbc.lstm_bptt)
     assert longer - count >= 4 * 22
