@@ -22,8 +22,8 @@ def pinned(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     GPU, so that `to_device` on the training thread finds the batch pinned: its host-side copy into pinned
     memory (18% of an H100 learner step, docs/speed.md) leaves the step, and the copy to the GPU that
     remains runs without blocking the host. Needs a visible GPU. Torch does not track these views' copies,
-    so the batch must outlive its copy: the learner's step reads its loss on the host before it drops the
-    batch, and that waits for the copy."""
+    so the batch must outlive its copy: the learner's step reads its figures on the host (`to_host`) before it
+    drops the batch, and that waits for the copy."""
     out = {}
     for name, arr in arrays.items():
         host = torch.empty(arr.shape, dtype=torch.from_numpy(arr[:0]).dtype, pin_memory=True).numpy()
@@ -41,3 +41,12 @@ def to_device(array: np.ndarray | torch.Tensor, device: torch.device) -> torch.T
     if not t.is_pinned():   # `pinned` did it on the fetcher's thread, or this copy does it here
         t = t.pin_memory()
     return t.to(device, non_blocking=True)
+
+
+def to_host(*tensors: torch.Tensor) -> list[np.ndarray]:
+    """The tensors as float32 arrays of their shapes on the host, by one copy: a GPU learner's step waits for
+    its device once, where a read per figure (loss, gradient norms, terms, priorities) waited at each and left
+    the GPU idle while the host went on to launch what came next."""
+    flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors]).cpu().numpy()
+    ends = np.cumsum([t.numel() for t in tensors])
+    return [flat[end - t.numel():end].reshape(t.shape) for t, end in zip(tensors, ends, strict=True)]

@@ -34,12 +34,14 @@ class ReplicaGroup:
         """Replica 0 publishes parameters and writes checkpoints."""
         return self.rank == 0
 
-    def average_gradients(self, params: list[torch.nn.Parameter], finite: bool) -> bool:
+    def average_gradients(self, params: list[torch.nn.Parameter], finite: torch.Tensor) -> torch.Tensor:
         """Replace every parameter's gradient by the group's mean (a missing gradient counts as zeros);
-        returns whether every replica's loss and gradient were finite (else all of them skip the step)."""
+        `finite`: whether this replica's loss is finite (a boolean tensor). Returns, as a boolean tensor on
+        the device (nothing is read on the host here), whether every replica's was (else all of them skip the
+        step). A gradient that is not finite needs no flag: the mean every replica gets is not finite either."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.detach().flatten().to(torch.float32) for g in grads]
-                         + [torch.tensor([0.0 if finite else 1.0], device=self.device)])
+                         + [(~finite).to(torch.float32).reshape(1).to(self.device)])
         try:
             dist.all_reduce(flat)
         except RuntimeError as exc:   # gloo and NCCL report a lost peer as a plain RuntimeError
@@ -50,7 +52,7 @@ class ReplicaGroup:
             n = g.numel()
             p.grad = flat[offset: offset + n].view_as(p).to(p.dtype).clone()
             offset += n
-        return bool(flat[-1] == 0)
+        return flat[-1] == 0
 
     def share_state(self, module: torch.nn.Module, optimiser: torch.optim.Optimizer) -> None:
         """Replica 0's parameters, buffers and optimiser state, in place on every replica. Replica 0 may hold

@@ -16,7 +16,7 @@ from prometheus_client import Counter
 
 from lbc.agents import LossOutput, Prepared, make_loss
 from lbc.config import Config, LearnerConfig
-from lbc.devices import pick_device, to_device
+from lbc.devices import pick_device, to_device, to_host
 from lbc.envs import env_spec
 from lbc.nets import LayerNormLSTM, LBCNet, build_agent, policy_net
 from learner_svc.replicas import ReplicaGroup
@@ -189,33 +189,34 @@ class Trainer:
         return self.model.recycle_dormant(self._probe_frames(batch), self.cfg.learner.recycle_threshold,
                                           self.optimiser)
 
-    def _clip_gradients(self) -> float:
+    def _clip_gradients(self) -> torch.Tensor:
         """Clip the gradients' global norm, the model's and apart from it each group the loss names; returns
-        the model's norm before clipping, or the first group's that is not finite (the skip test in
-        train_step relies on a non-finite norm exactly when a gradient is not finite)."""
+        the norms before clipping, [model's, *each group's apart], on the device (read with the step's other
+        figures by one lbc.devices.to_host)."""
         clip = self.cfg.learner.clip_norm
-        apart = [float(torch.nn.utils.clip_grad_norm_(params, clip)) for params in self.loss.clipped_apart()]
-        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
-        return next((n for n in apart if not np.isfinite(n)), norm)
+        apart = [torch.nn.utils.clip_grad_norm_(params, clip) for params in self.loss.clipped_apart()]
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        return torch.stack([n.to(self.device) for n in (norm, *apart)])
 
     def parameters_finite(self) -> bool:
         """Whether every published tensor (parameters and buffers) is finite: checked before a push or a
         checkpoint, so a broken model is never served nor saved."""
-        return all(bool(torch.isfinite(t).all()) for t in self.agent.state_dict().values() if t.is_floating_point())
+        flags = [torch.isfinite(t).all() for t in self.agent.state_dict().values() if t.is_floating_point()]
+        return bool(torch.stack(flags).all())   # one wait for the device, not one per tensor
 
-    def _split_backward(self, parts: list[Prepared]) -> tuple[float, torch.Tensor, torch.Tensor]:
+    def _split_backward(self, parts: list[Prepared]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Loss and backward on the batch's prepared parts at once, in threads (the parts' gradients, weighted
-        by their share of the batch, accumulate into .grad). Returns (loss, terms, priorities)."""
+        by their share of the batch, accumulate into .grad). Returns (loss, terms, priorities), on the device."""
         sizes = [p.batch["action"].shape[1] for p in parts]
         size = sum(sizes)
 
-        def part(i: int) -> tuple[float, torch.Tensor, torch.Tensor]:
+        def part(i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             with self._autocast():
                 total, terms, priorities = self.loss(self.model, parts[i])
             share = sizes[i] / size   # the part's means weigh by its share of the batch
             weight = share * (self.cfg.sequence.length * size if self.cfg.learner.loss_reduction == "sum" else 1)
             (total * weight).backward()
-            return float(total.detach()) * weight, terms * share, priorities
+            return total.detach() * weight, terms * share, priorities
 
         if self.pool is None:
             results = [part(i) for i in range(len(parts))]
@@ -255,18 +256,23 @@ class Trainer:
 
         self.optimiser.zero_grad(set_to_none=True)
         loss, terms, priorities = self._split_backward(parts)
-        if self.group is not None:
-            finite = np.isfinite(loss) and all(bool(torch.isfinite(p.grad).all()) for p in self.parameters
-                                               if p.grad is not None)
-            if not self.group.average_gradients(self.parameters, finite):
-                loss = float("nan")   # a replica's batch was not finite: every replica skips this step
-        grad_norm = self._clip_gradients()
-        if not (np.isfinite(loss) and np.isfinite(grad_norm)):
+        finite = torch.isfinite(loss)
+        if self.group is not None:   # a replica's loss not finite: every replica skips this step
+            finite = self.group.average_gradients(self.parameters, finite)
+        norms = self._clip_gradients()
+        # the step's one wait for the device: the optimiser's kernels below then run while the host goes on
+        loss_h, finite_h, norms_h, terms_h, priorities_h = to_host(loss, finite, norms, terms, priorities)
+        loss_value = float(loss_h) if finite_h else float("nan")
+        # the model's norm, or the first group's apart that is not finite (the skip below relies on a
+        # non-finite norm exactly when a gradient is not finite)
+        grad_norm = float(next((n for n in norms_h[1:] if not np.isfinite(n)), norms_h[0]))
+        if not (np.isfinite(loss_value) and np.isfinite(grad_norm)):
             # one batch must not destroy the model: skip it whole (and leave the optimiser's moments alone)
             self.optimiser.zero_grad(set_to_none=True)
-            return StepStats(loss=loss, per_policy=[], grad_norm=grad_norm, learning_rate=lc.learning_rate * factor,
-                             priorities=np.zeros(0, np.float32), skipped=True)
+            return StepStats(loss=loss_value, per_policy=[], grad_norm=grad_norm,
+                             learning_rate=lc.learning_rate * factor, priorities=np.zeros(0, np.float32),
+                             skipped=True)
         self.optimiser.step()
-        per_policy = [dict(zip(self.terms, row, strict=True)) for row in terms.tolist()]
-        return StepStats(loss=loss, per_policy=per_policy, grad_norm=grad_norm,
-                         learning_rate=lc.learning_rate * factor, priorities=priorities.cpu().numpy())
+        per_policy = [dict(zip(self.terms, row.tolist(), strict=True)) for row in terms_h]
+        return StepStats(loss=loss_value, per_policy=per_policy, grad_norm=grad_norm,
+                         learning_rate=lc.learning_rate * factor, priorities=priorities_h)

@@ -8,13 +8,28 @@ import torch
 
 from lbc.acting import CoreInputs, forward
 from lbc.config import load_config
-from lbc.devices import pick_device, pinned, to_device
+from lbc.devices import pick_device, pinned, to_device, to_host
 from lbc.nets import build_net
 from lbc.presets import CATCH_SIZING, deep_merge
 from learner_svc.training import Trainer, to_time_major
 from tests.unit.test_training import _batch
 
 NO_GPU = not torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(NO_GPU, reason="no GPU"))])
+def test_to_host_gives_each_tensor_back_in_its_shape(device):
+    """One copy for many figures: every tensor comes back as float32 of its own shape and values, in order,
+    whatever its dtype (a boolean flag, an integer, a scalar, an empty one)."""
+    rng = np.random.default_rng(0)
+    tensors = [torch.tensor(1.5), torch.tensor(False), torch.from_numpy(rng.normal(size=(3, 4))),
+               torch.zeros(0), torch.arange(5, dtype=torch.int64),
+               torch.from_numpy(rng.normal(size=7).astype(np.float32))]
+    got = to_host(*(t.to(device) for t in tensors))
+    assert len(got) == len(tensors)
+    for g, t in zip(got, tensors, strict=True):
+        assert g.dtype == np.float32 and g.shape == tuple(t.shape)
+        np.testing.assert_array_equal(g, t.to(torch.float32).numpy())
 
 
 def test_settings_pick_the_device_and_refuse_a_missing_gpu():

@@ -37,7 +37,7 @@ def _replica(rank: int, port: int, out: mp.Queue) -> None:
     moments = _flat(s["exp_avg_sq"] for s in trainer.optimiser.state.values())
     trainer.optimiser.zero_grad(set_to_none=True)
     trainer._split_backward(trainer.prepare(_batch(cfg, np.random.default_rng(100 + rank))))
-    finite = group.average_gradients(trainer.parameters, True)
+    finite = bool(group.average_gradients(trainer.parameters, torch.tensor(True)))
     grads = _flat(p.grad for p in trainer.parameters)
     poisoned = _batch(cfg, np.random.default_rng(7))
     if rank == 1:

@@ -34,7 +34,7 @@ def _step_against_uncached(trainer, batch):
     trainer.optimiser.zero_grad(set_to_none=True)
     got = trainer._split_backward(trainer.prepare(batch))
     got_grads = [p.grad.clone() for p in trainer.parameters if p.grad is not None]
-    assert got[0] == pytest.approx(want[0], rel=1e-5)
+    assert float(got[0]) == pytest.approx(float(want[0]), rel=1e-5)
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got[2], want[2], rtol=1e-5, atol=1e-6)
     assert len(got_grads) == len(want_grads)

@@ -1,12 +1,19 @@
+import traceback
+import warnings
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lbc.config import load_config
 from lbc.presets import CATCH_SIZING, deep_merge
 from lbc.sequences import sequence_layout
 from learner_svc import checkpoint
 from learner_svc.training import Trainer, schedule_factor
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _batch(cfg, rng):
@@ -321,3 +328,73 @@ def test_compiled_kernels_are_kept_in_the_run_folder_unless_the_environment_name
     assert keep_compiled_kernels(cfg, named) == "/somewhere" and named == {"TORCHINDUCTOR_CACHE_DIR": "/somewhere"}
     plain: dict[str, str] = {}
     assert keep_compiled_kernels(load_config("catch", [f"run_dir={tmp_path}"]), plain) is None and plain == {}
+
+
+class _ScalarReads(TorchDispatchMode):
+    """Where a scalar is read off a tensor (float(), bool(), .item(): aten._local_scalar_dense, a wait for the
+    device on a GPU): the file and line whose code asked for it (torch's own reads, such as the optimiser's
+    step count on the host, name torch's files)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sites: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            frames = traceback.extract_stack()[:-1]
+            while frames[-1].filename.endswith(("torch/_dynamo/eval_frame.py", "torch/_compile.py")):
+                frames.pop()   # the machinery that calls this mode
+            caller = frames[-1]
+            path = Path(caller.filename)
+            self.sites.append(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{caller.lineno}")
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_steps_figures_are_read_at_once_and_are_the_losss_own():
+    """The step reads its loss, gradient norm, terms and priorities from the device in one copy
+    (lbc.devices.to_host; a GPU learner then waits once a step, not at each figure), and they are the ones
+    the loss gives: against a second learner from the same seed whose loss and gradient are computed here."""
+    cfg = load_config("cpu", ["learner.split_batch=1", "learner.warmup_steps=0", "learner.batch_size=4"])
+    batch = _batch(cfg, np.random.default_rng(3))
+    torch.manual_seed(0)
+    reference = Trainer(cfg)
+    out = reference.loss(reference.model, reference.prepare(batch)[0])
+    out.total.backward()
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in reference.model.parameters()
+                                                 if p.grad is not None]))
+    torch.manual_seed(0)
+    trainer = Trainer(cfg)
+    parts = trainer.prepare(batch)
+    reads = _ScalarReads()
+    with reads:
+        stats = trainer._optimise(parts)
+    assert not [s for s in reads.sites if s.startswith(("learner_svc/training.py", "learner_svc/replicas.py"))], \
+        reads.sites
+    assert not stats.skipped
+    assert stats.loss == pytest.approx(float(out.total.detach()), rel=1e-6)
+    assert stats.grad_norm == pytest.approx(float(norm), rel=1e-5)
+    np.testing.assert_allclose([list(p.values()) for p in stats.per_policy], out.terms.detach().numpy(), rtol=1e-6)
+    assert list(stats.per_policy[0]) == list(trainer.terms)
+    np.testing.assert_allclose(stats.priorities, out.priorities.detach().numpy(), rtol=1e-6)
+    assert stats.priorities.dtype == np.float32
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="waits for the device happen only on a GPU")
+def test_a_gpu_learners_step_waits_for_the_device_once():
+    """torch's sync debug mode warns at each wait for the GPU: the optimising half of a step (loss, backward,
+    clipping, the optimiser's step; its batch prepared before) waits once, for its figures."""
+    cfg = load_config("cpu", ["learner.device=cuda", "learner.split_batch=1", "learner.warmup_steps=0"])
+    trainer = Trainer(cfg)
+    rng = np.random.default_rng(4)
+    trainer.train_step(_batch(cfg, rng))   # the optimiser's state is made in the first step
+    parts = trainer.prepare(_batch(cfg, rng))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer._optimise(parts)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    waits = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+    assert len(waits) == 1, waits
