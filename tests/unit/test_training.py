@@ -11,7 +11,7 @@ from lbc.config import load_config
 from lbc.presets import CATCH_SIZING, deep_merge
 from lbc.sequences import sequence_layout
 from learner_svc import checkpoint
-from learner_svc.training import Trainer, schedule_factor
+from learner_svc.training import Trainer, build_optimiser, schedule_factor
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -398,3 +398,39 @@ def test_a_gpu_learners_step_waits_for_the_device_once():
         torch.cuda.set_sync_debug_mode("default")
     waits = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
     assert len(waits) == 1, waits
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a visible GPU"))])
+def test_the_fused_adamw_steps_as_the_per_list_one(device):
+    """build_optimiser's AdamW is torch's fused kernel: over steps whose learning rate and weight decay change
+    (as the schedules change them), the parameters and moments follow the per-list (foreach) AdamW within
+    float rounding, and the update is AdamW's, checked by hand on the first step."""
+    cfg = load_config("catch", ["learner.weight_decay=0.1"])
+    assert build_optimiser(torch.nn.Linear(2, 2), cfg.learner).defaults["fused"]
+    torch.manual_seed(0)
+    shapes = [(64, 32), (32,), (7, 3, 3, 3)]
+    start = [torch.randn(s, device=device) for s in shapes]
+    grads = [[torch.randn(s, device=device) for s in shapes] for _ in range(6)]
+    runs = []
+    for fused in (True, False):
+        params = [torch.nn.Parameter(p.clone()) for p in start]
+        model = torch.nn.ParameterList(params)
+        opt = build_optimiser(model, cfg.learner)
+        if not fused:
+            opt = torch.optim.AdamW(params, lr=cfg.learner.learning_rate, betas=cfg.learner.adam_betas,
+                                    eps=cfg.learner.adam_eps, weight_decay=cfg.learner.weight_decay, foreach=True)
+        for step, g in enumerate(grads):
+            for group in opt.param_groups:
+                group["lr"] = cfg.learner.learning_rate * (step + 1) / 6
+                group["weight_decay"] = cfg.learner.weight_decay * (1 - step / 6)
+            for p, gi in zip(params, g, strict=True):
+                p.grad = gi.clone()
+            opt.step()
+            if step == 0:   # AdamW, first step (m = (1 - b1) g, v = (1 - b2) g^2, bias-corrected to g and g^2)
+                lr, wd, eps = cfg.learner.learning_rate / 6, cfg.learner.weight_decay, cfg.learner.adam_eps
+                for p, p0, gi in zip(params, start, g, strict=True):
+                    torch.testing.assert_close(p.detach(), p0 * (1 - lr * wd) - lr * gi / (gi.abs() + eps))
+        runs.append((params, [opt.state[p]["exp_avg_sq"] for p in params]))
+    for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
