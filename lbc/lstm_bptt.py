@@ -34,6 +34,7 @@ import torch
 
 EPS = 1e-5   # nn.LayerNorm's default, as the module's norms have
 MAX_GRAPHS = 16   # CUDA graphs kept per network and its copies; a shape past them unrolls eagerly
+GRAPH_BATCH = 8   # forward_by_graphs pads the batch to a multiple of this
 _layer_norm_backward = torch.ops.aten.native_layer_norm_backward
 
 
@@ -185,3 +186,19 @@ def ln_lstm_steps_bptt(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c:
     the backward above. Float tensors of one dtype, outside autocast (the caller checks). With `graphs` (CUDA
     tensors only) the forward and the backward replay CUDA graphs."""
     return _Unroll.apply(graphs, xs, keep, h, c, hidden_weight, hidden_gain, cell_gain, cell_bias)
+
+
+def forward_by_graphs(graphs: GraphCache, xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
+                      *weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """unroll_forward's (out, h, c) by `graphs`, the batch padded with zero rows up to a multiple of GRAPH_BATCH:
+    a target network unrolls the sequences it does not keep (lbc.target_cache), a count that changes from step
+    to step, and one graph per count would fill MAX_GRAPHS and leave the rest eager. Rows do not mix (the norms
+    are per row), so the padding changes no real row's results."""
+    batch = xs.shape[1]
+    pad = -batch % GRAPH_BATCH
+    if pad:
+        xs, keep = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (xs, keep))
+        h, c = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (h, c))
+    out, h, c = graphs.run(unroll_forward, (xs, keep, h, c, *weights), results=3)
+    return out[:, :batch], h[:batch], c[:batch]
+

@@ -16,7 +16,7 @@ from torch import nn
 
 from lbc.family import family_traits
 from lbc.lstm_bptt import EPS as LN_EPS
-from lbc.lstm_bptt import GraphCache, ln_lstm_steps_bptt, unroll_forward
+from lbc.lstm_bptt import GraphCache, forward_by_graphs, ln_lstm_steps_bptt
 from lbc.ngu_nets import NguAgent, NguAux
 from lbc.recycling import Link, dormant_scores, recycle, unit_activity
 from lbc.torsos import resolve_torso, torso_problem
@@ -289,7 +289,7 @@ class LayerNormLSTM(nn.Module):
             elif trains:
                 out, h, c = ln_lstm_steps_bptt(xs, keep, h, c, *weights, graphs=graphs)
             else:
-                out, h, c = graphs.run(unroll_forward, (xs, keep, h, c, *weights), results=3)
+                out, h, c = forward_by_graphs(graphs, xs, keep, h, c, *weights)
             return out, (h, c)
         # whole chunks through the one graph (the chunk's length is part of it), the remainder eagerly
         whole = x.shape[0] - x.shape[0] % COMPILED_STEPS

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lbc import lstm_bptt
-from lbc.lstm_bptt import GraphCache, ln_lstm_steps_bptt, unroll_forward
+from lbc.lstm_bptt import GRAPH_BATCH, GraphCache, forward_by_graphs, ln_lstm_steps_bptt, unroll_forward
 from lbc.nets import LayerNormLSTM, ln_lstm_steps
 
 
@@ -102,6 +102,21 @@ def test_the_graph_cache_copies_in_and_out_and_keys_by_shape(monkeypatch):
     torch.testing.assert_close(_results(lambda *a: ln_lstm_steps_bptt(*a, graphs=cache), other, (1.0, 0.5, 0.7)),
                                _results(ln_lstm_steps, other, (1.0, 0.5, 0.7)), rtol=1e-10, atol=1e-12)
     assert len(cache.graphs) == 2
+
+
+def test_a_varying_batch_replays_a_graph_per_multiple_of_eight(monkeypatch):
+    """forward_by_graphs (a target network's unroll over the sequences it does not keep): batches of 2 to 20
+    sequences give the plain steps' outputs and last state, through one graph for each multiple of GRAPH_BATCH
+    they pad up to (3), not one per count."""
+    monkeypatch.setattr(GraphCache, "_capture", staticmethod(_capture_on_the_cpu))
+    cache = GraphCache()
+    for batch in [5, 2, 8, 13, 20, 16, 9, 3]:
+        inputs = [t.detach() for t in _inputs(6, batch=batch, seed=batch)]
+        for got, want in zip(forward_by_graphs(cache, *inputs), ln_lstm_steps(*inputs), strict=True):
+            assert got.shape == want.shape
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert GRAPH_BATCH == 8
+    assert sorted(key[1][0][1] for key in cache.graphs) == [8, 16, 24]   # xs's batch in each graph's key
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a visible GPU")
