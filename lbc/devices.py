@@ -1,4 +1,5 @@
-"""Where tensors live: the device a service's setting names, and host-to-device copies of batches."""
+"""Where tensors live: the device a service's setting names, host-to-device copies of batches, and the learner's one
+read of its figures back to the host."""
 
 from __future__ import annotations
 
