@@ -416,10 +416,9 @@ def test_the_fused_adamw_steps_as_the_per_list_one(device):
     for fused in (True, False):
         params = [torch.nn.Parameter(p.clone()) for p in start]
         model = torch.nn.ParameterList(params)
-        opt = build_optimiser(model, cfg.learner)
-        if not fused:
-            opt = torch.optim.AdamW(params, lr=cfg.learner.learning_rate, betas=cfg.learner.adam_betas,
-                                    eps=cfg.learner.adam_eps, weight_decay=cfg.learner.weight_decay, foreach=True)
+        opt = build_optimiser(model, cfg.learner) if fused else torch.optim.AdamW(
+            params, lr=cfg.learner.learning_rate, betas=cfg.learner.adam_betas, eps=cfg.learner.adam_eps,
+            weight_decay=cfg.learner.weight_decay, foreach=True)
         for step, g in enumerate(grads):
             for group in opt.param_groups:
                 group["lr"] = cfg.learner.learning_rate * (step + 1) / 6
