@@ -121,10 +121,10 @@ def test_a_varying_batch_replays_a_graph_per_multiple_of_eight(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a visible GPU")
 def test_the_unroll_replayed_as_cuda_graphs_gives_the_eager_results():
-    """LayerNormLSTM.graph_unroll: the training unroll (forward and backward) and the forward alone replay graphs
-    captured at each shape's first call; replays with other inputs and other weights (a copy, as the target
-    network is, shares the graphs) give what the eager unroll gives, and a replay does not overwrite the results
-    of the one before."""
+    """LayerNormLSTM.graph_unroll: the training unroll (forward and backward) and the forward alone (padded to
+    a multiple of GRAPH_BATCH rows) replay graphs captured at each shape's first call; replays with other inputs
+    and other weights (a copy, as the target network is, shares the graphs) give what the eager unroll gives, and
+    a replay does not overwrite the results of the one before."""
     import copy
     torch.manual_seed(0)
     eager = LayerNormLSTM(5, 8).cuda()
@@ -155,5 +155,6 @@ def test_the_unroll_replayed_as_cuda_graphs_gives_the_eager_results():
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
             kept.append((results[1][0].clone(), results[1][0]))
     assert all(torch.equal(a, b) for a, b in kept)
-    # one shape: a forward (which the forward alone replays too) and a backward, shared with the copy
-    assert len(graphed.graphs.graphs) == 2 and other.graphs is graphed.graphs
+    # the training unroll's forward and backward (batch 3) and the forward alone, its batch padded to GRAPH_BATCH
+    # (forward_by_graphs), all three shared with the copy
+    assert len(graphed.graphs.graphs) == 3 and other.graphs is graphed.graphs
