@@ -326,15 +326,16 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
     for o in overrides:
         argv += ["--set", o]
     launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-    learner_port = load_config(preset, [f"env.game={game}", *overrides]).endpoints.learner_metrics
+    endpoints = load_config(preset, [f"env.game={game}", *overrides]).endpoints
+    learner_port, replay_port = endpoints.learner_metrics, endpoints.replay_metrics
     table: list[str] = []
     cpu_window = max(seconds - 5.0, 1.0)   # read before the launcher's stop, which costs CPU of its own
     time.sleep(warmup)
     cpu_start, t_start = service_cpu_seconds(launcher.pid), time.perf_counter()
-    kept_start = _target_cache_counts(learner_port)
+    kept_start, waits_start = _counters(learner_port, TARGET_CACHE), _counters(replay_port, REPLAY_WAITS)
     time.sleep(cpu_window)
     cpu_end, t_end = service_cpu_seconds(launcher.pid), time.perf_counter()
-    kept_end = _target_cache_counts(learner_port)
+    kept_end, waits_end = _counters(learner_port, TARGET_CACHE), _counters(replay_port, REPLAY_WAITS)
     if profile:
         time.sleep(max(t_start + seconds - time.perf_counter(), 0.0))
         try:
@@ -351,18 +352,31 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
     return {"frames_per_s": (last["frames"] - first["frames"]) / dt,
             "learner_steps_per_s": (last["learner_steps"] - first["learner_steps"]) / dt,
             "seconds": dt, "lag": last["lag"], "profile": table, "cpu": (cpu_start, cpu_end),
-            "cpu_seconds": t_end - t_start, "target_repeats": _share(kept_start, kept_end)}
+            "cpu_seconds": t_end - t_start, "target_repeats": _share(kept_start, kept_end),
+            "waits": replay_waits(waits_start, waits_end, t_end - t_start)}
 
 
-def _target_cache_counts(port: int) -> tuple[float, float]:
-    """(hits, lookups) of the learner's kept target outputs so far (lbc.target_cache), 0 where not kept."""
+# (hits, lookups) of the learner's kept target outputs (lbc.target_cache), 0 where not kept
+TARGET_CACHE = ("lbc_learner_target_cache_hits_total", "lbc_learner_target_cache_lookups_total")
+# seconds replay's rate limiter held the actors back, and a learner's request waited for data
+REPLAY_WAITS = ("lbc_replay_insert_blocked_seconds_total", "lbc_replay_sample_blocked_seconds_total")
+
+
+def _counters(port: int, names: tuple[str, ...]) -> tuple[float, ...]:
+    """The named counters of the service at `port`, 0 for one it does not have or when it does not answer."""
     samples = scrape(port)
-    return (value(samples, "lbc_learner_target_cache_hits_total") or 0.0,
-            value(samples, "lbc_learner_target_cache_lookups_total") or 0.0)
+    return tuple(value(samples, name) or 0.0 for name in names)
 
 
-def _share(start: tuple[float, float], end: tuple[float, float]) -> float | None:
-    """hits / lookups between two readings of _target_cache_counts; None without lookups."""
+def replay_waits(start: tuple[float, float], end: tuple[float, float], seconds: float) -> tuple[float, float]:
+    """(actors held back, learner waiting for data) as shares of a window of `seconds`, from two readings of
+    REPLAY_WAITS: which side of the rate limiter waits on the other. The actors held back most of the time
+    means the learner bounds the system; the learner waiting, the actors."""
+    return ((end[0] - start[0]) / seconds, (end[1] - start[1]) / seconds)
+
+
+def _share(start: tuple[float, ...], end: tuple[float, ...]) -> float | None:
+    """hits / lookups between two readings of TARGET_CACHE; None without lookups."""
     lookups = end[1] - start[1]
     return (end[0] - start[0]) / lookups if lookups > 0 else None
 
@@ -536,6 +550,8 @@ def main() -> int:
         line = (f"end to end ({actors} actor(s), {e2e['seconds']:.0f} s after {args.warmup:.0f} s warm-up): "
                 f"{e2e['frames_per_s']:,.0f} frames/s = {achieved:,.0f} agent steps/s, "
                 f"learner {e2e['learner_steps_per_s']:.2f} steps/s, lag {e2e['lag']}")
+        held, waited = e2e["waits"]
+        line += f", replay held the actors back {held:.0%} of the time and the learner waited for data {waited:.0%}"
         if e2e["target_repeats"] is not None:
             line += f", target outputs kept for {e2e['target_repeats']:.0%} of the sequences"
         if sampler is not None:

@@ -221,6 +221,9 @@ class LearnerConfig(_Section):
                                                   "intra-op thread each suits a CPU shared with actors)")
     prefetch: int = Field(2, ge=1, description="batches fetched from replay ahead of the one training (one of "
                           "them held by the learner when prepare_ahead)")
+    requests_in_flight: int = Field(2, ge=1, le=16, description="requests for batches replay holds at once (within "
+                                    "prefetch + 1 batches ahead): with one, a batch comes once per round trip "
+                                    "(replay stacks it, sends it, the learner checks and pins it); more overlap them")
     prepare_ahead: bool = Field(False, description="read the next batch's frames and unroll the target network "
                                 "over it in a thread of its own while this step trains (the same values; "
                                 "learner_svc.training)")

@@ -46,6 +46,7 @@ SNAPSHOTS = Counter("lbc_replay_snapshots_total", "Snapshots of the buffer writt
 PRIORITY_UPDATES = Counter("lbc_replay_priority_updates_total", "Sequence priorities set by the learner")
 INSERT_BLOCKED = Gauge("lbc_replay_insert_blocked", "1 while the rate limiter holds actors back")
 SAMPLE_BLOCKED = Gauge("lbc_replay_sample_blocked", "1 while a learner request waits for data")
+PENDING = Gauge("lbc_replay_pending_requests", "Batch requests from learners waiting for data (one per slot)")
 # Which side waits on the other, as time: what the actor autoscaler sizes the actor replicas by.
 INSERT_BLOCKED_SECONDS = Counter("lbc_replay_insert_blocked_seconds_total",
                                  "Seconds the rate limiter held actors back (too few samples taken)")
@@ -80,6 +81,21 @@ def largest_frame_bytes(cfg: Config) -> int:
     """The largest frame a valid sequence message has: its largest array, or a generous header."""
     arrays = max(np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in sequence_layout(cfg).values())
     return max(arrays, 1 << 16)
+
+
+MAX_REQUEST_SLOTS = 16   # a learner's requests in flight at once (learner.requests_in_flight is at most this)
+
+
+def request_slot(meta: dict[str, str]) -> int:
+    """The slot a batch request names (0 when it names none): a learner's requests in flight are told apart
+    by it, and a request sent again on the same slot (replay restarted, or slow) replaces the first."""
+    try:
+        slot = int(meta.get("slot", "0")[:3])
+    except ValueError:
+        slot = -1
+    if not 0 <= slot < MAX_REQUEST_SLOTS:
+        raise codec.CodecError(f"slot must be in [0, {MAX_REQUEST_SLOTS})", "request")
+    return slot
 
 
 def check_priorities(arrays: dict[str, np.ndarray], capacity: int) -> tuple[np.ndarray, np.ndarray]:
@@ -156,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
              cfg.endpoints.replay_ingest, cfg.endpoints.replay_serve, rc.capacity_sequences,
              rc.capacity_bytes / 1e9, rc.replay_ratio)
 
-    pending: dict[bytes, int] = {}   # learner identity -> batch size asked for
+    pending: dict[tuple[bytes, int], int] = {}   # (learner identity, request slot) -> batch size asked for
     last_log = time.monotonic()
     loop_start, insert_blocked = time.monotonic(), False
     while not stop.is_set():
@@ -218,12 +234,13 @@ def main(argv: list[str] | None = None) -> int:
                         size = 0
                     if not 1 <= size <= rc.capacity_sequences:
                         raise codec.CodecError("batch_size missing or out of range", "request")
+                    slot = request_slot(req.meta)
                 except codec.CodecError as exc:
                     reject("learner", exc)
                     continue
-                pending[identity] = size
+                pending[identity, slot] = size
 
-        for identity, size in list(pending.items()):
+        for (identity, slot), size in list(pending.items()):
             if not limiter.can_sample(size, len(buffer)):
                 continue
             sample = buffer.sample(size, rng)
@@ -231,14 +248,15 @@ def main(argv: list[str] | None = None) -> int:
             arrays["param_version"] = np.array([it.param_version for it in sample.items], dtype=np.int64)
             arrays["key"] = np.array([it.key for it in sample.items], dtype=np.int64)
             arrays["weight"] = sample.weights
-            frames = codec.encode("batch", arrays, sender="replay",
-                                  param_version=int(arrays["param_version"].max()))
+            frames = codec.encode("batch", arrays, sender="replay", param_version=int(arrays["param_version"].max()),
+                                  meta={"slot": str(slot)})
             serve.send_multipart([identity, *frames], copy=False)
             limiter.sample(size)
-            del pending[identity]
+            del pending[identity, slot]
             SAMPLED.inc(size)
             BATCHES.inc()
         SAMPLE_BLOCKED.set(1 if pending else 0)
+        PENDING.set(len(pending))
         SIZE.set(len(buffer))
         BYTES.set(buffer.nbytes)
 

@@ -1,6 +1,9 @@
 """replay_svc as a real process: bad messages are rejected and counted while it keeps serving,
 batches come back with the right layout, and the replay ratio is held."""
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import zmq
@@ -10,6 +13,7 @@ from lbc.config import load_config
 from lbc.launch import scrape
 from lbc.sequences import batch_layout, sequence_layout
 from lbcproto import lbc_pb2
+from learner_svc.batches import BatchFetcher
 from tests.support import Service, endpoint_overrides, metric, overrides_dict, wait_for, wait_healthy
 
 
@@ -217,5 +221,64 @@ def test_a_message_of_many_large_frames_is_cut_off_by_zeromq(start_replay):
     assert svc.alive()
     # had it been delivered, the codec would have refused it (34 frames, none in the header) and counted it
     assert not scrape(port).get("lbc_replay_rejected_total"), scrape(port).get("lbc_replay_rejected_total")
+    push.close()
+    assert svc.stop() == 0, svc.log()
+
+
+def test_replay_keeps_one_request_per_slot_and_names_the_slot_it_answers(start_replay):
+    """A learner's requests in flight are told apart by their slot: each is answered once, with its slot
+    named; a request sent again on a slot replaces the first; a slot out of range is rejected."""
+    cfg, o, svc, port, push = start_replay([])
+    rng = np.random.default_rng(0)
+    for _ in range(20):   # below replay.min_sequences (32): requests wait
+        push.send_multipart(codec.encode("sequence", _sequence(cfg, rng)))
+    wait_for(lambda: metric(port, "lbc_replay_inserted_total") >= 20, 20, "inserts")
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(o["endpoints.replay_serve"])
+    for slot in ("0", "1", "1", "99"):
+        dealer.send_multipart(codec.encode("batch_request", {}, meta={"batch_size": "8", "slot": slot}))
+    wait_for(lambda: metric(port, "lbc_replay_rejected_total", reason="request") == 1, 10, "slot 99 rejected")
+    assert metric(port, "lbc_replay_pending_requests") == 2
+    assert not dealer.poll(300)
+    for _ in range(20):
+        push.send_multipart(codec.encode("sequence", _sequence(cfg, rng)))
+    answered = []
+    while dealer.poll(1500):
+        answered.append(codec.decode(dealer.recv_multipart(), max_bytes=10**8, expected_kind="batch").meta["slot"])
+    assert sorted(answered) == ["0", "1"]
+    assert metric(port, "lbc_replay_pending_requests") == 0
+    push.close()
+    dealer.close()
+    assert svc.stop() == 0, svc.log()
+
+
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_the_learners_fetcher_keeps_its_requests_in_flight_and_no_more_than_prefetch_batches_ahead(
+        start_replay, in_flight):
+    """learner_svc.batches.BatchFetcher against a real replay: it keeps learner.requests_in_flight requests
+    waiting there, and batches fetched and asked for stay within learner.prefetch + 1."""
+    cfg, o, svc, port, push = start_replay([f"learner.requests_in_flight={in_flight}", "learner.prefetch=2"])
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        push.send_multipart(codec.encode("sequence", _sequence(cfg, rng)))
+    wait_for(lambda: metric(port, "lbc_replay_inserted_total") >= 20, 20, "inserts")
+    stop = threading.Event()
+    fetcher = BatchFetcher(cfg, stop)
+    fetcher.start()
+    try:
+        wait_for(lambda: metric(port, "lbc_replay_pending_requests") == in_flight, 10, "requests in flight")
+        for _ in range(20):   # 40 stored: the limiter allows 2 x 8 + 40 samples, more than the fetcher takes
+            push.send_multipart(codec.encode("sequence", _sequence(cfg, rng)))
+        wait_for(lambda: metric(port, "lbc_replay_batches_total") >= 3, 20, "batches")
+        time.sleep(1.0)
+        # two in the queue, one held by the fetcher until there is room: prefetch + 1, nothing asked for
+        assert metric(port, "lbc_replay_batches_total") == 3
+        assert metric(port, "lbc_replay_pending_requests") == 0
+        assert fetcher.get(1.0) is not None   # room: the held one goes in, one more is asked for
+        wait_for(lambda: metric(port, "lbc_replay_batches_total") == 4, 10, "the next batch")
+    finally:
+        stop.set()
+        fetcher.thread.join(5)
     push.close()
     assert svc.stop() == 0, svc.log()

@@ -130,3 +130,11 @@ def test_the_learner_step_operation_count_grows_with_the_sequence_and_not_with_t
     longer = learner_operations(load_config("catch", ["sequence.length=14"]))
     # four more steps: at least the LayerNorm-LSTM's 12 forward and 10 backward operations each (lbc.lstm_bptt)
     assert longer - count >= 4 * 22
+
+
+def test_replay_waits_are_each_sides_waiting_seconds_over_the_window():
+    from bench.throughput import replay_waits
+    # 12 s held and 1.5 s waited before the window, 18 and 1.5 after it: over 20 s, 30% and none
+    held, waited = replay_waits((12.0, 1.5), (18.0, 1.5), 20.0)
+    assert held == pytest.approx(0.30) and waited == 0.0
+    assert replay_waits((0.0, 0.0), (0.0, 5.0), 10.0) == (0.0, 0.5)
