@@ -9,6 +9,10 @@ The fields and their shapes are those of the sequence layout (lbc.sequences.sequ
 whose leading length is L + 1 is recorded per observation, one of length L per step, and h0/c0 are the
 recurrent state recorded with the first observation. Observation fields beyond obs, prev_action,
 prev_reward and reset (NGU's mixture and intrinsic reward) are the `extras` of observe().
+
+Where the layout has `frames` instead of `obs` (stacked frames, lbc.sequences), observe() still takes the
+stacks: it keeps the first observation's whole stack and each later one's newest frame, and flags
+`stack_start` where a stack's older frames are all zeros (a game's first observation).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import numpy as np
 
 from lbc.codec import Layout
 
-CORE_OBSERVATION_FIELDS = ("obs", "prev_action", "prev_reward", "reset")
+CORE_OBSERVATION_FIELDS = ("prev_action", "prev_reward", "reset")   # and obs, or frames and stack_start
+OBSERVATION_FORMS = ({"obs"}, {"stack_start"})   # the per-observation field(s) the observation itself fills
 STEP_FIELDS = ("action", "reward", "done", "truncated", "bootstrap", "behaviour_prob", "psi")
 STATE_FIELDS = {"h0": "h", "c0": "c"}   # the state before obs[0], from the state recorded per observation
 
@@ -28,11 +33,12 @@ class SequenceBuilder:
         self.burn_in, self.steps = burn_in, steps
         if not 0 <= burn_in < steps:
             raise ValueError(f"burn_in {burn_in} must be below the sequence's {steps} steps")
-        timed = {name: shape for name, (_, shape) in layout.items() if name not in STATE_FIELDS}
+        timed = {name: shape for name, (_, shape) in layout.items() if name not in STATE_FIELDS and name != "frames"}
         per_observation = {name for name, shape in timed.items() if shape[:1] == (steps + 1,)}
         per_step = {name for name, shape in timed.items() if shape[:1] == (steps,)}
-        if per_step != set(STEP_FIELDS) or not set(CORE_OBSERVATION_FIELDS) <= per_observation \
-                or set(layout) != per_observation | per_step | set(STATE_FIELDS):
+        form = OBSERVATION_FORMS[1] if "frames" in layout else OBSERVATION_FORMS[0]
+        if per_step != set(STEP_FIELDS) or not set(CORE_OBSERVATION_FIELDS) | form <= per_observation \
+                or set(layout) - {"frames"} != per_observation | per_step | set(STATE_FIELDS):
             raise ValueError(f"not a sequence layout: {sorted(layout)}")
 
         def buffer(name: str, length: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -42,7 +48,14 @@ class SequenceBuilder:
         for field, state in STATE_FIELDS.items():
             self.observed[state] = buffer(field, steps + 1, layout[field][1])
         self.acted = {name: buffer(name, steps, layout[name][1][1:]) for name in STEP_FIELDS}
-        self.extras = sorted(per_observation - set(CORE_OBSERVATION_FIELDS))
+        self.extras = sorted(per_observation - set(CORE_OBSERVATION_FIELDS) - form)
+        # [N, L + S, ...]: obs[0]'s S frames, then each later observation's newest (lbc.sequences.stacked_frames)
+        self.frames = (buffer("frames", layout["frames"][1][0], layout["frames"][1][1:]) if "frames" in layout
+                       else None)
+        # the stack of the observation the next sequence starts with: its older frames may precede a fresh
+        # stack flagged only in this sequence, so it is kept whole rather than read back from the frames
+        self.next_first = (np.zeros((num_envs, layout["frames"][1][0] - steps, *layout["frames"][1][1:]),
+                                    layout["frames"][0]) if "frames" in layout else None)
         self.version = np.zeros(steps + 1, np.int64)
         self.t = 0
 
@@ -53,9 +66,18 @@ class SequenceBuilder:
         given = extras or {}
         if set(given) != set(self.extras):
             raise ValueError(f"observe() needs the extra fields {self.extras}, got {sorted(given)}")
-        values = {"obs": obs, "prev_action": prev_action, "prev_reward": prev_reward, "reset": reset,
-                  "h": h, "c": c, **given}
+        values = {"prev_action": prev_action, "prev_reward": prev_reward, "reset": reset, "h": h, "c": c, **given}
         t = self.t
+        if self.frames is None:
+            values["obs"] = obs
+        else:
+            values["stack_start"] = ~obs[:, :-1].reshape(len(obs), -1).any(axis=1)
+            if t == 0:
+                self.frames[:, : obs.shape[1]] = obs
+            else:
+                self.frames[:, t + obs.shape[1] - 1] = obs[:, -1]
+            if t == self.steps - self.burn_in:   # the next sequence's first observation: its stack as it is
+                self.next_first[:] = obs
         for name, arr in self.observed.items():
             arr[:, t] = values[name]
         self.version[t] = version
@@ -80,6 +102,8 @@ class SequenceBuilder:
         seq = {name: arr[e].copy() for name, arr in (*self.observed.items(), *self.acted.items())
                if name not in STATE_FIELDS.values()}
         seq.update({field: self.observed[state][e, 0].copy() for field, state in STATE_FIELDS.items()})
+        if self.frames is not None:
+            seq["frames"] = self.frames[e].copy()
         return seq
 
     def _shift(self) -> None:
@@ -87,6 +111,9 @@ class SequenceBuilder:
         b, s = self.burn_in, self.steps
         for arr in self.observed.values():
             arr[:, : b + 1] = arr[:, s - b: s + 1]
+        if self.frames is not None:   # obs[s - b] becomes obs[0]: its stack whole, then the newest frames after it
+            self.frames[:, : self.frames.shape[1] - s + b] = self.frames[:, s - b:]
+            self.frames[:, : self.next_first.shape[1]] = self.next_first
         self.version[: b + 1] = self.version[s - b: s + 1]
         for arr in self.acted.values():
             arr[:, :b] = arr[:, s - b: s]

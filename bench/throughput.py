@@ -177,7 +177,7 @@ def _replay_keyed(batch: dict[str, np.ndarray], repeat: float, seed: int = 0) ->
     places) keep the keys of the step before: sequences replay draws again while the target network is
     unchanged, as the learner sees them in the system (expected_target_repeats)."""
     rng = np.random.default_rng(seed)
-    size = len(batch["obs"])
+    size = len(batch["reset"])
     again = round(repeat * size)
     keys = np.arange(size, dtype=np.int64)
     versions = np.zeros(size, np.int64)

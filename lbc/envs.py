@@ -28,6 +28,9 @@ class EnvSpec:
     obs_shape: tuple[int, ...]
     num_actions: int
     obs_dtype: str = "uint8"     # or "float32" for vector observations
+    # > 1: obs_shape's first axis stacks the last frames, zeros before a game's first (ALE's vector env); sequences
+    # then carry each observation's newest frame alone (lbc.sequences)
+    frame_stack: int = 1
 
 
 def env_spec(cfg: EnvConfig) -> EnvSpec:
@@ -41,7 +44,7 @@ def env_spec(cfg: EnvConfig) -> EnvSpec:
         return EnvSpec((minatar_channels(cfg.game), 10, 10), MINATAR_ACTIONS)
     if not cfg.full_action_space:
         raise ValueError("env.full_action_space=false is not supported: the protocol uses the full set")
-    return EnvSpec((cfg.stack, cfg.image_size, cfg.image_size), ATARI_FULL_ACTIONS)
+    return EnvSpec((cfg.stack, cfg.image_size, cfg.image_size), ATARI_FULL_ACTIONS, frame_stack=cfg.stack)
 
 
 @dataclass

@@ -6,6 +6,12 @@ Arrays indexed by step (length L): action, reward (raw), done, truncated (the fr
 bootstrap (each policy's value of the cut episode's last observation), behaviour_prob (mu(a_t|x_t)), psi.
 h0, c0: the LSTM state before obs[0]. Consecutive sequences of one environment overlap by burn_in.
 NGU adds, per observation: mixture (j) and prev_intrinsic (r^i of arriving at x_t, 0 at a reset).
+
+Where an observation stacks the last S frames (Atari: S = 4, EnvSpec.frame_stack), a sequence carries each
+observation's newest frame instead of its stack, a quarter of the bytes from actor to replay to learner:
+frames (L + S frames: obs[0]'s whole stack, then each later observation's newest frame) and stack_start (per
+observation: its stack starts afresh, the older frames zeros, as at a game's first observation). The learner
+rebuilds obs from them (stacked_frames).
 """
 
 from __future__ import annotations
@@ -24,13 +30,20 @@ from lbc.rewards import REWARD_SHAPING
 
 
 def sequence_fields(steps: int, obs_shape: tuple[int, ...], lstm: int, psi_dim: int,
-                    extras: Mapping[str, str] | None = None, obs_dtype: str = "uint8", policies: int = 1) -> Layout:
+                    extras: Mapping[str, str] | None = None, obs_dtype: str = "uint8", policies: int = 1,
+                    frame_stack: int = 1) -> Layout:
     """The one definition of a sequence's fields: name -> (dtype, shape), for `steps` steps. The actor's
     SequenceBuilder is laid out from it, replay and the learner check against it. `truncated` marks steps
     after which the frame cap cut the episode (a subset of `done`), `bootstrap` holds each policy's value of
-    the cut episode's last observation there (0 elsewhere), as the actor computed it."""
+    the cut episode's last observation there (0 elsewhere), as the actor computed it. With frame_stack > 1
+    the observations are `frames` and `stack_start` (the module's docstring), not `obs`."""
+    if frame_stack > 1:
+        observations = {"frames": (obs_dtype, (steps + frame_stack, *obs_shape[1:])),
+                        "stack_start": ("bool", (steps + 1,))}
+    else:
+        observations = {"obs": (obs_dtype, (steps + 1, *obs_shape))}
     return {
-        "obs": (obs_dtype, (steps + 1, *obs_shape)),
+        **observations,
         "prev_action": ("int32", (steps + 1,)),
         "prev_reward": ("float32", (steps + 1,)),
         "reset": ("bool", (steps + 1,)),
@@ -51,7 +64,7 @@ def sequence_layout(cfg: Config) -> Layout:
     """The sequence layout of a configuration."""
     spec = env_spec(cfg.env)
     return sequence_fields(cfg.sequence.total, spec.obs_shape, cfg.net.lstm, psi_width(cfg.num_components),
-                           family_traits(cfg).fields, spec.obs_dtype, cfg.num_policies)
+                           family_traits(cfg).fields, spec.obs_dtype, cfg.num_policies, spec.frame_stack)
 
 
 def batch_layout(cfg: Config) -> Layout:
@@ -126,3 +139,36 @@ def value_bound(cfg: Config) -> float:
 def stack(sequences: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Batch sequences along a new leading axis."""
     return {name: np.stack([s[name] for s in sequences]) for name in sequences[0]}
+
+
+def stacked_frames(frames: torch.Tensor, stack_start: torch.Tensor, time_major: bool = False) -> torch.Tensor:
+    """The observations a sequence's frames stand for: frames [B, T + S - 1, ...] (the first observation's S
+    frames, then each later one's newest), stack_start [B, T] -> obs [B, T, S, ...] ([T, B, S, ...] with
+    time_major), contiguous:
+
+        obs[b, t, k] = frames[b, t + k]   if t - (S - 1 - k) >= r(b, t),   else 0,
+
+    r(b, t) the last t' <= t with stack_start[b, t'] (-infinity where none): channel k holds the frame of step
+    t - (S - 1 - k), and a stack that started afresh at r holds zeros for the steps before r (ALE's vector
+    environment at a game's first observation). A stack flagged where its older frames only happen to be zeros
+    comes back the same."""
+    batch, steps = stack_start.shape
+    stack = frames.shape[1] - steps + 1
+    t = torch.arange(steps, device=frames.device)
+    last_start = torch.where(stack_start, t, -stack).cummax(dim=1).values                # [B, T]; -S: none
+    frame_step = t[:, None] - (stack - 1) + torch.arange(stack, device=frames.device)     # [T, S]
+    keep = frame_step >= last_start[..., None]                                            # [B, T, S]
+    windows = frames.unfold(1, stack, 1).movedim(-1, 2)                                   # [B, T, S, ...]
+    mask = keep.view(*keep.shape, *([1] * (frames.dim() - 2))).to(frames.dtype)
+    if time_major:
+        windows, mask = windows.transpose(0, 1), mask.transpose(0, 1)
+    # written in the result's own order: the frames' windows are a strided view, S innermost in memory
+    return torch.mul(windows, mask, out=torch.empty(windows.shape, dtype=frames.dtype, device=frames.device))
+
+
+def observations(batch: Mapping[str, np.ndarray]) -> np.ndarray:
+    """A batch's observations [B, T, *obs_shape] on the host: `obs`, or the stacks rebuilt from single frames."""
+    if "frames" not in batch:
+        return batch["obs"]
+    return stacked_frames(*(torch.from_numpy(np.ascontiguousarray(batch[name])) for name in ("frames", "stack_start"))
+                          ).numpy()

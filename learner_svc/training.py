@@ -19,6 +19,7 @@ from lbc.config import Config, LearnerConfig
 from lbc.devices import pick_device, to_device, to_host
 from lbc.envs import env_spec
 from lbc.nets import LayerNormLSTM, LBCNet, build_agent, policy_net
+from lbc.sequences import observations, stacked_frames
 from learner_svc.replicas import ReplicaGroup
 
 PREPARED_AHEAD = Counter("lbc_learner_batches_prepared_ahead_total", "Steps whose batch was prepared while the step "
@@ -49,11 +50,15 @@ ON_HOST = ("param_version", "key")
 
 def to_time_major(batch: dict[str, np.ndarray], device: torch.device = CPU) -> dict[str, torch.Tensor]:
     """[B, T, ...] numpy arrays to [T, B, ...] tensors on `device` (replay's keys and versions on the host);
-    h0/c0 stay [B, H]."""
+    h0/c0 stay [B, H]. A batch of single frames (lbc.sequences) gets its observations' stacks back as "obs",
+    built on `device` from a quarter of the bytes."""
     out: dict[str, torch.Tensor] = {}
     for name, arr in batch.items():
         t = to_device(arr, CPU if name in ON_HOST else device)
         out[name] = t if name in PER_SEQUENCE else t.transpose(0, 1)
+    if "frames" in out:
+        frames, starts = out.pop("frames"), out.pop("stack_start")
+        out["obs"] = stacked_frames(frames.transpose(0, 1), starts.transpose(0, 1), time_major=True)
     return out
 
 
@@ -178,7 +183,7 @@ class Trainer:
 
     def _probe_frames(self, batch: dict[str, np.ndarray], frames: int = 256) -> torch.Tensor:
         """Up to `frames` of the batch's learned-on frames (after burn-in), spread over the batch."""
-        obs = batch["obs"][:, self.cfg.sequence.burn_in:]
+        obs = observations(batch)[:, self.cfg.sequence.burn_in:]
         obs = obs.reshape(-1, *obs.shape[2:])
         obs = obs[:: max(1, len(obs) // frames)][:frames]
         return torch.from_numpy(np.ascontiguousarray(obs)).to(self.device)

@@ -108,7 +108,7 @@ def test_target_repeat_share_matches_a_replay_drawn_by_brute_force(capacity, ins
 
 def test_the_learner_stage_keeps_the_previous_steps_keys_for_the_repeat_share():
     from bench.throughput import _replay_keyed
-    batch = {"obs": np.zeros((16, 2), np.uint8)}
+    batch = {"reset": np.zeros((16, 2), bool)}
     batches = _replay_keyed(batch, 0.25)
     steps = [next(batches)["key"].copy() for _ in range(5)]
     for before, after in zip(steps, steps[1:], strict=False):

@@ -8,6 +8,7 @@ from lbc import nets
 from lbc.config import load_config
 from lbc.envs import env_spec
 from lbc.nets import LayerNormLSTM, LBCNet, PlainLSTM, build_net, lower_median, pixels_to_input, unroll_after_burn_in
+from lbc.sequences import sequence_layout
 
 
 def _count(model):
@@ -206,9 +207,9 @@ def test_the_learner_counts_dead_units_on_the_batch():
     from learner_svc.training import Trainer
     cfg = load_config("cpu")
     trainer = Trainer(cfg)
-    spec = env_spec(cfg.env)
-    seq = cfg.sequence.burn_in + cfg.sequence.length
-    batch = {"obs": np.random.default_rng(0).integers(0, 256, (2, seq, *spec.obs_shape), dtype=np.uint8)}
+    layout = sequence_layout(cfg)   # single frames, as replay sends them
+    batch = {"frames": np.random.default_rng(0).integers(0, 256, (2, *layout["frames"][1]), dtype=np.uint8),
+             "stack_start": np.zeros((2, *layout["stack_start"][1]), bool)}
     alive = trainer.torso_dead_units(batch)
     assert set(alive) == {"convs.1", "convs.3", "fc.1"} and max(alive.values()) < 0.5
     with torch.no_grad():

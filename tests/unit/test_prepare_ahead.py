@@ -157,10 +157,10 @@ def test_a_failed_preparation_fails_the_step_that_trains_its_batch():
                               "learner.prepare_ahead=true"])
     trainer = Trainer(cfg)
     first, second = _batches(cfg, 2)
-    del second["obs"]
+    del second["prev_action"]
     trainer.train_step(first, second)
     assert trainer.step == 1
-    with pytest.raises(KeyError, match="obs"):
+    with pytest.raises(KeyError, match="prev_action"):
         trainer.train_step(second)
     assert trainer.step == 1
 
