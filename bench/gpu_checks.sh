@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What a lent GPU machine is for (issue 11, docs/speed.md), in one run of at most 9 minutes, figures printed:
-#   1. the tests that need a GPU (pinned batches, the copy stream, the recurrence as CUDA graphs and compiled,
+#   1. the tests that need a GPU (pinned batches, stacks rebuilt from single frames, the copy stream, the recurrence as CUDA graphs and compiled,
 #      a step's one wait for the device, the fused AdamW), the compiled ones last (a fresh machine compiles);
 #   2. the whole system as the preset with 12, 14 and 16 actors, each line saying which side of replay's rate
 #      limiter waits on the other: on the H100 of session 27 the learner ran at half its rate alone while 13
@@ -15,8 +15,8 @@ export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/lbc-compile-cache
 
 echo "== GPU tests"
 timeout 140 "$PY" -m pytest -q -p no:cacheprovider -k "cuda or gpu or pinned or compiled or graphs" \
-    tests/unit/test_devices.py tests/unit/test_prepare_ahead.py tests/unit/test_lstm_bptt.py \
-    tests/unit/test_training.py tests/unit/test_nets.py
+    tests/unit/test_devices.py tests/unit/test_stacked_frames.py tests/unit/test_prepare_ahead.py \
+    tests/unit/test_lstm_bptt.py tests/unit/test_training.py tests/unit/test_nets.py
 
 echo "== lbc-bm end to end, 12, 14 and 16 actors (about 55 s each after the stages)"
 timeout 240 "$PY" -m bench.throughput --preset lbc-bm --game breakout --actors 12 --actor-scaling 14,16 \

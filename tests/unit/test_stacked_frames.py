@@ -29,17 +29,20 @@ def _stacks_by_loop(frames: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return out
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a visible GPU"))])
 @pytest.mark.parametrize("stack_size", [2, 4])
-def test_stacked_frames_is_its_definition(stack_size):
+def test_stacked_frames_is_its_definition(stack_size, device):
     rng = np.random.default_rng(stack_size)
     frames = rng.integers(1, 256, (3, 9 + stack_size - 1, 2, 3), dtype=np.uint8)
     starts = rng.random((3, 9)) < 0.25
     starts[1] = False
     starts[2, [0, 1, 5]] = True
-    got = stacked_frames(torch.from_numpy(frames), torch.from_numpy(starts))
+    frames_t, starts_t = torch.from_numpy(frames).to(device), torch.from_numpy(starts).to(device)
+    got = stacked_frames(frames_t, starts_t)
     assert got.dtype == torch.uint8 and got.shape == (3, 9, stack_size, 2, 3) and got.is_contiguous()
-    np.testing.assert_array_equal(got.numpy(), _stacks_by_loop(frames, starts))
-    time_major = stacked_frames(torch.from_numpy(frames), torch.from_numpy(starts), time_major=True)
+    np.testing.assert_array_equal(got.cpu().numpy(), _stacks_by_loop(frames, starts))
+    time_major = stacked_frames(frames_t, starts_t, time_major=True)
     assert time_major.is_contiguous() and torch.equal(time_major, got.transpose(0, 1))
 
 
