@@ -42,6 +42,15 @@ class Message:
     meta: dict[str, str] = field(default_factory=dict)
 
 
+def meta_int(meta: Mapping[str, str], name: str, default: int) -> int | None:
+    """A header's meta field read as an integer: `default` where absent, None where it is not one (at most
+    its first 12 characters are read, so a peer's long string costs nothing)."""
+    try:
+        return int(meta.get(name, str(default))[:12])
+    except ValueError:
+        return None
+
+
 def encode(kind: str, arrays: Mapping[str, np.ndarray], *, sender: str = "", param_version: int = 0,
            meta: Mapping[str, str] | None = None) -> list[bytes | memoryview]:
     header = lbc_pb2.FrameHeader(schema_version=SCHEMA_VERSION, kind=kind, sender=sender,

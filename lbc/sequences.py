@@ -152,6 +152,16 @@ def stacked_frames(frames: torch.Tensor, stack_start: torch.Tensor, time_major: 
     t - (S - 1 - k), and a stack that started afresh at r holds zeros for the steps before r (ALE's vector
     environment at a game's first observation). A stack flagged where its older frames only happen to be zeros
     comes back the same."""
+    windows, mask = _windows_and_mask(frames, stack_start)
+    if time_major:
+        windows, mask = windows.transpose(0, 1), mask.transpose(0, 1)
+    # written in the result's own order: the frames' windows are a strided view, S innermost in memory
+    return torch.mul(windows, mask, out=torch.empty(windows.shape, dtype=frames.dtype, device=frames.device))
+
+
+def _windows_and_mask(frames: torch.Tensor, stack_start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """stacked_frames' two factors: the frames' windows [B, T, S, ...] (a view) and the keep mask [B, T, S, 1...]
+    in the frames' dtype."""
     batch, steps = stack_start.shape
     stack = frames.shape[1] - steps + 1
     t = torch.arange(steps, device=frames.device)
@@ -159,16 +169,15 @@ def stacked_frames(frames: torch.Tensor, stack_start: torch.Tensor, time_major: 
     frame_step = t[:, None] - (stack - 1) + torch.arange(stack, device=frames.device)     # [T, S]
     keep = frame_step >= last_start[..., None]                                            # [B, T, S]
     windows = frames.unfold(1, stack, 1).movedim(-1, 2)                                   # [B, T, S, ...]
-    mask = keep.view(*keep.shape, *([1] * (frames.dim() - 2))).to(frames.dtype)
-    if time_major:
-        windows, mask = windows.transpose(0, 1), mask.transpose(0, 1)
-    # written in the result's own order: the frames' windows are a strided view, S innermost in memory
-    return torch.mul(windows, mask, out=torch.empty(windows.shape, dtype=frames.dtype, device=frames.device))
+    return windows, keep.view(*keep.shape, *([1] * (frames.dim() - 2))).to(frames.dtype)
 
 
-def observations(batch: Mapping[str, np.ndarray]) -> np.ndarray:
-    """A batch's observations [B, T, *obs_shape] on the host: `obs`, or the stacks rebuilt from single frames."""
+def observations_at(batch: Mapping[str, np.ndarray], rows: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """The observations of sequence rows[i] at step steps[i], [n, *obs_shape], on the host: from `obs`, or
+    those stacks alone rebuilt from single frames (the learner's probes of its torso take a few hundred)."""
     if "frames" not in batch:
-        return batch["obs"]
-    return stacked_frames(*(torch.from_numpy(np.ascontiguousarray(batch[name])) for name in ("frames", "stack_start"))
-                          ).numpy()
+        return batch["obs"][rows, steps]
+    windows, mask = _windows_and_mask(*(torch.from_numpy(np.ascontiguousarray(batch[name]))
+                                        for name in ("frames", "stack_start")))
+    at = torch.from_numpy(rows), torch.from_numpy(steps)
+    return (windows[at] * mask[at]).numpy()

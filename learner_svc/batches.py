@@ -116,7 +116,7 @@ class BatchFetcher:
             try:
                 msg = codec.decode(frames, max_bytes=self.cfg.replay.max_message_bytes * self.batch_size,
                                    expected_kind="batch")
-                sent = sent_at.pop(_slot(msg.meta), None)
+                sent = sent_at.pop(codec.meta_int(msg.meta, "slot", 0), None)   # 0 from a replay naming none
                 if sent is not None:
                     WAIT.observe(time.monotonic() - sent)
                 validate_batch(msg.arrays, self.cfg, self.batch_size)
@@ -132,11 +132,3 @@ class BatchFetcher:
                 except queue.Full:
                     continue
         sock.close()
-
-
-def _slot(meta: dict[str, str]) -> int:
-    """The request slot a batch answers (0 from a replay that names none); -1 when unreadable."""
-    try:
-        return int(meta.get("slot", "0")[:3])
-    except ValueError:
-        return -1

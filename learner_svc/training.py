@@ -19,7 +19,7 @@ from lbc.config import Config, LearnerConfig
 from lbc.devices import pick_device, to_device, to_host
 from lbc.envs import env_spec
 from lbc.nets import LayerNormLSTM, LBCNet, build_agent, policy_net
-from lbc.sequences import observations, stacked_frames
+from lbc.sequences import observations_at, stacked_frames
 from learner_svc.replicas import ReplicaGroup
 
 PREPARED_AHEAD = Counter("lbc_learner_batches_prepared_ahead_total", "Steps whose batch was prepared while the step "
@@ -183,9 +183,11 @@ class Trainer:
 
     def _probe_frames(self, batch: dict[str, np.ndarray], frames: int = 256) -> torch.Tensor:
         """Up to `frames` of the batch's learned-on frames (after burn-in), spread over the batch."""
-        obs = observations(batch)[:, self.cfg.sequence.burn_in:]
-        obs = obs.reshape(-1, *obs.shape[2:])
-        obs = obs[:: max(1, len(obs) // frames)][:frames]
+        burn = self.cfg.sequence.burn_in
+        learned = batch["reset"].shape[1] - burn   # observations per sequence after burn-in
+        flat = np.arange(len(batch["reset"]) * learned)
+        flat = flat[:: max(1, len(flat) // frames)][:frames]
+        obs = observations_at(batch, flat // learned, burn + flat % learned)
         return torch.from_numpy(np.ascontiguousarray(obs)).to(self.device)
 
     def torso_dead_units(self, batch: dict[str, np.ndarray]) -> dict[str, float]:

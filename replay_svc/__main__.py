@@ -89,11 +89,8 @@ MAX_REQUEST_SLOTS = 16   # a learner's requests in flight at once (learner.reque
 def request_slot(meta: dict[str, str]) -> int:
     """The slot a batch request names (0 when it names none): a learner's requests in flight are told apart
     by it, and a request sent again on the same slot (replay restarted, or slow) replaces the first."""
-    try:
-        slot = int(meta.get("slot", "0")[:3])
-    except ValueError:
-        slot = -1
-    if not 0 <= slot < MAX_REQUEST_SLOTS:
+    slot = codec.meta_int(meta, "slot", 0)
+    if slot is None or not 0 <= slot < MAX_REQUEST_SLOTS:
         raise codec.CodecError(f"slot must be in [0, {MAX_REQUEST_SLOTS})", "request")
     return slot
 
@@ -228,11 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                     if req.kind != "batch_request":
                         raise codec.CodecError(f"kind {req.kind[:40]!r}, expected 'batch_request' or 'priorities'",
                                                "request")
-                    try:
-                        size = int(req.meta.get("batch_size", "0")[:12])
-                    except ValueError:
-                        size = 0
-                    if not 1 <= size <= rc.capacity_sequences:
+                    size = codec.meta_int(req.meta, "batch_size", 0)
+                    if size is None or not 1 <= size <= rc.capacity_sequences:
                         raise codec.CodecError("batch_size missing or out of range", "request")
                     slot = request_slot(req.meta)
                 except codec.CodecError as exc:

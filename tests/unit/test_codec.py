@@ -209,3 +209,10 @@ def test_a_bandit_reply_is_checked_before_an_actor_uses_it():
     assert check_behaviour([1.0], [1.0], 1, 50.0, mixture=3, num_mixtures=4) == ""
     assert "mixture" in check_behaviour([1.0], [1.0], 1, 50.0, mixture=4, num_mixtures=4)
     assert "mixture" in check_behaviour([1.0], [1.0], 1, 50.0, mixture=None, num_mixtures=4)
+
+
+def test_meta_int_reads_an_integer_or_says_it_is_not_one():
+    assert codec.meta_int({"slot": "3"}, "slot", 0) == 3
+    assert codec.meta_int({}, "slot", 0) == 0                       # absent: the default
+    assert codec.meta_int({"slot": "x1"}, "slot", 0) is None
+    assert codec.meta_int({"batch_size": "9" * 40}, "batch_size", 0) == int("9" * 12)   # 12 characters at most

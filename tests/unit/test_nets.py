@@ -209,7 +209,8 @@ def test_the_learner_counts_dead_units_on_the_batch():
     trainer = Trainer(cfg)
     layout = sequence_layout(cfg)   # single frames, as replay sends them
     batch = {"frames": np.random.default_rng(0).integers(0, 256, (2, *layout["frames"][1]), dtype=np.uint8),
-             "stack_start": np.zeros((2, *layout["stack_start"][1]), bool)}
+             "stack_start": np.zeros((2, *layout["stack_start"][1]), bool),
+             "reset": np.zeros((2, *layout["reset"][1]), bool)}
     alive = trainer.torso_dead_units(batch)
     assert set(alive) == {"convs.1", "convs.3", "fc.1"} and max(alive.values()) < 0.5
     with torch.no_grad():

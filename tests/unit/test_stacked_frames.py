@@ -8,7 +8,7 @@ from actor_svc.sequencer import SequenceBuilder
 from lbc.config import load_config
 from lbc.envs import make_envs
 from lbc.psi import psi_width
-from lbc.sequences import observations, sequence_fields, sequence_layout, stack, stacked_frames
+from lbc.sequences import observations_at, sequence_fields, sequence_layout, stack, stacked_frames
 from learner_svc.training import to_time_major
 
 
@@ -53,10 +53,12 @@ def test_stacked_frames_by_hand():
     got = stacked_frames(frames, starts)[0, :, :, 0].tolist()
     assert got == [[1, 2, 3], [2, 3, 4], [0, 0, 5], [0, 5, 6]]
     # the host's view of a batch (the learner's probes of its torso): the same stacks, or `obs` as it is
-    on_host = observations({"frames": frames.numpy(), "stack_start": starts.numpy()})
-    assert on_host[0, :, :, 0].tolist() == got
-    plain = np.zeros((1, 4, 3, 1), np.uint8)
-    assert observations({"obs": plain}) is plain
+    on_host = observations_at({"frames": frames.numpy(), "stack_start": starts.numpy()}, np.zeros(4, np.int64),
+                              np.arange(4))
+    assert on_host[:, :, 0].tolist() == got
+    plain = np.random.default_rng(0).integers(0, 256, (2, 4, 3, 1), dtype=np.uint8)
+    np.testing.assert_array_equal(observations_at({"obs": plain}, np.array([1, 0]), np.array([2, 3])),
+                                  plain[[1, 0], [2, 3]])
 
 
 def test_atari_sequences_carry_single_frames_a_quarter_of_the_bytes():
