@@ -20,7 +20,7 @@ from lbc.acting import CoreInputs, cut_episode_values, forward
 from lbc.agents import make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import Config
-from lbc.devices import pick_device
+from lbc.devices import pick_device, set_gpu_wait
 from lbc.envs import make_envs
 from lbc.nets import build_agent, policy_net
 from lbc.scores import human_normalised
@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     log = setup_logging(f"actor-{args.index}" if args.mode == "act" else "evaluator", args.log_level)
     stop = stop_event()
     torch.set_num_threads(cfg.actor.threads)
+    set_gpu_wait(cfg.actor.gpu_wait)
     if args.mode == "eval":
         return evaluate(cfg, stop)
     actor_id = args.actor_id or f"{socket.gethostname()}-{args.index}"

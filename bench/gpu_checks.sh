@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# What a lent GPU machine is for (issue 11, docs/speed.md), in one run of at most 9 minutes, figures printed:
+# What a lent GPU machine is for (issue 11, docs/speed.md), in one run of under 10 minutes, figures printed:
 #   1. the tests that need a GPU (pinned batches, stacks rebuilt from single frames, the copy stream, the recurrence as CUDA graphs and compiled,
 #      a step's one wait for the device, the fused AdamW), the compiled ones last (a fresh machine compiles);
 #   2. the whole system as the preset with 12, 14 and 16 actors, each line saying which side of replay's rate
 #      limiter waits on the other: on the H100 of session 27 the learner ran at half its rate alone while 13
 #      of 16 cores were busy, and CUDA graphs and MPS changed nothing end to end (docs/speed.md);
-#   3. lbc-bm's stages alone with every lever on the learner, CUDA graphs and the compiled recurrence among them.
+#   3. 16 actors again with the services' threads spinning while they wait for the GPU (learner.gpu_wait and
+#      actor.gpu_wait = spin, CUDA's default before decision 62): what sleeping gives end to end, and the cores
+#      each service keeps busy either way;
+#   4. lbc-bm's stages alone with every lever on the learner, CUDA graphs and the compiled recurrence among them
+#      (measured in session 27; last, in what time is left).
 # Run from the repository root: bash bench/gpu_checks.sh (PY names the interpreter, default python3).
 set -uo pipefail
 PY=${PY:-python3}
@@ -22,6 +26,10 @@ echo "== lbc-bm end to end, 12, 14 and 16 actors (about 55 s each after the stag
 timeout 240 "$PY" -m bench.throughput --preset lbc-bm --game breakout --actors 12 --actor-scaling 14,16 \
     --set actor.device=cuda --stage-seconds 1 --seconds 15 --warmup 30
 
+echo "== lbc-bm end to end, 16 actors, threads spinning while they wait for the GPU"
+timeout 110 "$PY" -m bench.throughput --preset lbc-bm --game breakout --actors 16 --set actor.device=cuda \
+    --set learner.gpu_wait=spin --set actor.gpu_wait=spin --stage-seconds 1 --seconds 15 --warmup 30
+
 echo "== lbc-bm stages alone, with the levers"
-timeout 150 "$PY" -m bench.throughput --preset lbc-bm --game breakout --set actor.device=cuda \
+timeout 90 "$PY" -m bench.throughput --preset lbc-bm --game breakout --set actor.device=cuda \
     --stages-only --levers --stage-seconds 3

@@ -16,7 +16,7 @@ import torch
 
 from lbc.behaviour import boltzmann_mixture, epsilon_greedy
 from lbc.config import Config
-from lbc.devices import to_device
+from lbc.devices import to_device, to_host
 from lbc.envs import StepResult
 from lbc.family import family_traits
 from lbc.nets import LBCNet, NetOutput
@@ -49,14 +49,16 @@ class CoreInputs:
 def forward(net: LBCNet, obs: np.ndarray, inputs: CoreInputs, extra: torch.Tensor | None = None) -> NetOutput:
     """One time step of the network for every environment: obs [E, *obs_shape] uint8. The outputs keep
     a leading time axis of 1 (adv [1, E, N, A]); adv and value come back to the CPU, where actions are
-    drawn, while the recurrent state stays on the network's device (actor.device)."""
+    drawn, by one copy after one wait (lbc.devices.to_host), while the recurrent state stays on the network's
+    device (actor.device)."""
     device = net.heads.weight.device
     out = net(to_device(obs, device)[None], to_device(inputs.prev_action, device)[None],
               to_device(inputs.prev_reward, device)[None], to_device(inputs.reset, device)[None], inputs.state,
               None if extra is None else extra.to(device))
     if device.type == "cpu":
         return out
-    return NetOutput(adv=out.adv.cpu(), value=out.value.cpu(), state=out.state)
+    adv, value = to_host(out.adv, out.value)
+    return NetOutput(adv=torch.from_numpy(adv), value=torch.from_numpy(value), state=out.state)
 
 
 @torch.no_grad()

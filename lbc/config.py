@@ -20,6 +20,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from lbc.presets import PRESETS
 
+GpuWait = Literal["sleep", "spin"]   # lbc.devices.wait_for_gpu
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -239,6 +241,8 @@ class LearnerConfig(_Section):
     cuda_graphs: bool = Field(False, description="a GPU learner replays the recurrent core's unroll (LayerNormLSTM, "
                               "forward and backward) as CUDA graphs captured in its first steps: two launches "
                               "where eager launches about 22 a step (lbc.lstm_bptt; the same arithmetic)")
+    gpu_wait: GpuWait = Field("sleep", description="how a GPU learner's threads wait for its results: sleep "
+                              "(the core is free meanwhile) or spin (CUDA's busy wait); lbc.devices.wait_for_gpu")
     seed: int = 0
 
 
@@ -247,6 +251,9 @@ class ActorConfig(_Section):
     threads: int = Field(1, ge=1)
     device: Literal["auto", "cpu", "cuda"] = Field("cpu", description="where actors and the evaluator run their "
                                                    "network: cuda batches each actor's inference on the GPU")
+    gpu_wait: GpuWait = Field("sleep", description="how actors and the evaluator wait for their inference on a "
+                              "GPU: sleep (the core is free meanwhile) or spin (CUDA's busy wait); "
+                              "lbc.devices.wait_for_gpu")
 
 
 class NguConfig(_Section):

@@ -1,10 +1,40 @@
-"""Where tensors live: the device a service's setting names, host-to-device copies of batches, and the learner's one
-read of its figures back to the host."""
+"""Where tensors live: the device a service's setting names, host-to-device copies of batches, the learner's one
+read of its figures back to the host, and how a thread waits for a GPU."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from lbc.config import GpuWait
+
+_gpu_wait: GpuWait = "sleep"
+
+
+def set_gpu_wait(mode: GpuWait) -> None:
+    """How this process's threads wait for a GPU's results (learner.gpu_wait, actor.gpu_wait; a service sets it
+    once at start, as torch.set_num_threads): `sleep` or `spin`, see wait_for_gpu."""
+    global _gpu_wait
+    if mode not in ("sleep", "spin"):
+        raise ValueError(f"gpu_wait is sleep or spin, not {mode!r}")
+    _gpu_wait = mode
+
+
+def wait_for_gpu(stream: torch.cuda.Stream) -> None:
+    """Return once what was queued on `stream` so far has run.
+
+    CUDA's own waits (a copy to the host, Stream.synchronize) spin a core for as long as they wait whenever
+    the process holds fewer CUDA contexts than the machine has cores, which is every lbc service: a learner
+    step that waits about 100 ms for its GPU, or an actor whose inference queues behind the learner's kernels,
+    kept a core busy doing nothing that the other services' processes could have used. With `sleep` the
+    thread sleeps on an event made with cudaEventBlockingSync instead (woken some microseconds later than a
+    spinning one); `spin` keeps CUDA's way, for comparison."""
+    if _gpu_wait == "spin":
+        stream.synchronize()
+        return
+    done = torch.cuda.Event(blocking=True)
+    done.record(stream)
+    done.synchronize()
 
 
 def pick_device(setting: str, what: str) -> torch.device:
@@ -47,7 +77,10 @@ def to_device(array: np.ndarray | torch.Tensor, device: torch.device) -> torch.T
 def to_host(*tensors: torch.Tensor) -> list[np.ndarray]:
     """The tensors as float32 arrays of their shapes on the host, by one copy: a GPU learner's step waits for
     its device once, where a read per figure (loss, gradient norms, terms, priorities) waited at each and left
-    the GPU idle while the host went on to launch what came next."""
-    flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors]).cpu().numpy()
+    the GPU idle while the host went on to launch what came next. The wait is wait_for_gpu's."""
+    flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
+    if flat.is_cuda:
+        wait_for_gpu(torch.cuda.current_stream(flat.device))
+    flat = flat.cpu().numpy()
     ends = np.cumsum([t.numel() for t in tensors])
     return [flat[end - t.numel():end].reshape(t.shape) for t, end in zip(tensors, ends, strict=True)]

@@ -15,7 +15,7 @@ import torch
 from prometheus_client import Counter, Gauge
 
 from lbc.config import Config
-from lbc.devices import pick_device
+from lbc.devices import pick_device, set_gpu_wait
 from lbc.files import remove_stale_temporaries
 from lbc.params import shapes, to_blob
 from lbc.security import server_credentials_of
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     log = setup_logging("learner" if args.rank == 0 else f"learner-{args.rank}", args.log_level)
     stop = stop_event()
     torch.set_num_threads(cfg.learner.threads)
+    set_gpu_wait(cfg.learner.gpu_wait)
     kernels = keep_compiled_kernels(cfg, os.environ)
     if kernels is not None:
         log.info("learner.compile: the recurrence compiles in the first steps (minutes on a CPU the first time); "

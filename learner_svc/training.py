@@ -16,7 +16,7 @@ from prometheus_client import Counter
 
 from lbc.agents import LossOutput, Prepared, make_loss
 from lbc.config import Config, LearnerConfig
-from lbc.devices import pick_device, to_device, to_host
+from lbc.devices import pick_device, to_device, to_host, wait_for_gpu
 from lbc.envs import env_spec
 from lbc.nets import LayerNormLSTM, LBCNet, build_agent, policy_net
 from lbc.sequences import observations_at, stacked_frames
@@ -151,11 +151,12 @@ class Trainer:
 
     def _copied_aside(self, batch: dict[str, np.ndarray]) -> list[dict[str, torch.Tensor]]:
         """_on_device with the copies on copy_stream, waited for here (the preparing thread's wait, not the
-        step's). The tensors are then read on the default stream: recorded there, so that their memory is not
-        handed to copy_stream's next batch before the kernels that read them have run."""
+        step's; asleep, lbc.devices.wait_for_gpu). The tensors are then read on the default stream: recorded
+        there, so that their memory is not handed to copy_stream's next batch before the kernels that read them
+        have run."""
         with torch.cuda.stream(self.copy_stream):
             parts = self._on_device(batch)
-        self.copy_stream.synchronize()
+        wait_for_gpu(self.copy_stream)
         default = torch.cuda.default_stream(self.device)
         for part in parts:
             for t in part.values():
@@ -212,7 +213,7 @@ class Trainer:
         """Whether every published tensor (parameters and buffers) is finite: checked before a push or a
         checkpoint, so a broken model is never served nor saved."""
         flags = [torch.isfinite(t).all() for t in self.agent.state_dict().values() if t.is_floating_point()]
-        return bool(torch.stack(flags).all())   # one wait for the device, not one per tensor
+        return bool(to_host(torch.stack(flags).all())[0])   # one wait for the device, not one per tensor
 
     def _split_backward(self, parts: list[Prepared]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Loss and backward on the batch's prepared parts at once, in threads (the parts' gradients, weighted

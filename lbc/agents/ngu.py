@@ -19,7 +19,7 @@ import torch
 from lbc.agents.protocols import LossOutput, Prepared
 from lbc.behaviour import EpisodeBehaviour, epsilon_greedy
 from lbc.config import Config
-from lbc.devices import to_device
+from lbc.devices import to_device, to_host
 from lbc.losses import ngu_q_loss, sequence_priorities
 from lbc.nets import Frames, LBCNet, NetOutput, unroll_after_burn_in
 from lbc.ngu import IntrinsicRewards, core_inputs, environment_epsilons, environment_mixtures, mixture_family
@@ -56,8 +56,7 @@ class NguActing:
         episode) and the environment's j: the per-observation fields of the sequence."""
         with torch.no_grad():
             frames = to_device(obs, next(self.aux.parameters()).device)
-            embeddings = self.aux.embedding(frames).cpu().numpy()
-            errors = self.aux.rnd.error(frames).cpu().numpy()
+            embeddings, errors = to_host(self.aux.embedding(frames), self.aux.rnd.error(frames))
         intrinsic = self.rewards.step(embeddings, errors, reset).astype(np.float32)
         return {"mixture": self.mixture.astype(np.int32), "prev_intrinsic": intrinsic}
 

@@ -2,13 +2,15 @@
 the settings, host-to-device copies that skip pinning on the CPU, the acting step's device handling, and
 bf16 autocast in the learner against the fp32 step."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
 
 from lbc.acting import CoreInputs, forward
 from lbc.config import load_config
-from lbc.devices import pick_device, pinned, to_device, to_host
+from lbc.devices import pick_device, pinned, set_gpu_wait, to_device, to_host, wait_for_gpu
 from lbc.nets import build_net
 from lbc.presets import CATCH_SIZING, deep_merge
 from learner_svc.training import Trainer, to_time_major
@@ -68,13 +70,57 @@ def test_a_pinned_batch_keeps_its_values_and_reaches_the_gpu_from_pinned_memory(
     assert torch.equal(on_gpu["h0"].cpu(), torch.from_numpy(batch["h0"]))
 
 
-def test_the_acting_step_returns_its_outputs_on_the_cpu_and_keeps_the_state_with_the_network():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(NO_GPU, reason="no GPU"))])
+def test_the_acting_step_returns_its_outputs_on_the_cpu_and_keeps_the_state_with_the_network(device):
     cfg = load_config("catch")
     net = build_net(cfg, (1, 10, 5), 3).eval()
+    obs = np.random.default_rng(0).integers(0, 255, (4, 1, 10, 5), dtype=np.uint8)
+    on_cpu = forward(net, obs, CoreInputs.start(net, 4))
+    net.to(device)
     inputs = CoreInputs.start(net, 4)
-    out = forward(net, np.zeros((4, 1, 10, 5), np.uint8), inputs)
+    out = forward(net, obs, inputs)
     assert out.adv.device.type == out.value.device.type == "cpu" and out.adv.shape == (1, 4, 3, 3)
     assert inputs.state[0].device == net.heads.weight.device == out.state[0].device
+    torch.testing.assert_close(out.adv, on_cpu.adv)
+    torch.testing.assert_close(out.value, on_cpu.value)
+
+
+def test_the_gpu_wait_is_sleep_unless_spin_is_asked_for():
+    for preset in ("cpu", "lbc-bm"):
+        cfg = load_config(preset)
+        assert cfg.learner.gpu_wait == cfg.actor.gpu_wait == "sleep"
+    assert load_config("lbc-bm", ["actor.gpu_wait=spin"]).actor.gpu_wait == "spin"
+    with pytest.raises(ValueError, match="learner.gpu_wait"):
+        load_config("cpu", ["learner.gpu_wait=yield"])
+    with pytest.raises(ValueError, match="sleep or spin"):
+        set_gpu_wait("yield")
+
+
+@pytest.mark.skipif(NO_GPU, reason="waits for a GPU")
+@pytest.mark.parametrize("mode", ["sleep", "spin"])
+def test_a_thread_waiting_for_the_gpu_sleeps_unless_spin_is_asked_for(mode):
+    """The premise of decision 62 and its remedy: while the GPU runs a kernel of about 0.3 s, CUDA's own wait
+    (spin) keeps the waiting thread on its core the whole time, wait_for_gpu's (sleep) hardly at all; both
+    return only once the stream has run what was queued."""
+    stream = torch.cuda.current_stream()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    torch.cuda._sleep(10**7)
+    torch.cuda.synchronize()
+    cycles = int(10**7 * 0.3 / (time.perf_counter() - start))
+    set_gpu_wait(mode)
+    try:
+        torch.cuda._sleep(cycles)
+        wall, cpu = time.perf_counter(), time.thread_time()
+        wait_for_gpu(stream)
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    finally:
+        set_gpu_wait("sleep")
+    assert stream.query() and wall > 0.1
+    if mode == "sleep":
+        assert cpu < 0.2 * wall, (cpu, wall)
+    else:
+        assert cpu > 0.5 * wall, (cpu, wall)
 
 
 def _flat_grad(model: torch.nn.Module) -> torch.Tensor:
