@@ -45,7 +45,7 @@ from lbc.acting import CoreInputs, forward
 from lbc.agents import Acting, family_of, make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import PRESETS, Config, load_config
-from lbc.devices import pick_device, pinned
+from lbc.devices import learner_precision, pick_device, pinned
 from lbc.envs import make_envs
 from lbc.launch import SERVICE_ENV_DEFAULTS, scrape, value
 from lbc.nets import build_agent, policy_net
@@ -381,10 +381,9 @@ def _share(start: tuple[float, ...], end: tuple[float, ...]) -> float | None:
     return (end[0] - start[0]) / lookups if lookups > 0 else None
 
 
-# Settings that change how fast a stage runs and not what is learnt per frame (bf16: decision 40, its loss
-# terms within 2% of fp32's, tests/unit/test_devices.py), each measured on the stage it acts on.
+# Settings that change how fast a stage runs and not what is learnt per frame (bf16: decisions 40 and 63, its
+# loss terms within 2% of fp32's, tests/unit/test_devices.py), each measured on the stage it acts on.
 LEVERS: dict[str, tuple[str, list[str]]] = {
-    "learner bf16 autocast": ("learner", ["learner.precision=bf16"]),
     # the preset keeps them (lbc.target_cache): this row is what keeping them gives, read backwards
     "target outputs not kept": ("learner", ["learner.target_cache=false"]),
     # likewise where the preset prepares batches ahead (`cpu`): the learner's CPU per sample without it
@@ -407,13 +406,22 @@ def ceiling_rate(cores: int, env: float, inference: float, learner: float, repla
     return cores / (1 / env + 1 / inference + replay_ratio / learner)
 
 
-def lever_table(cfg_of: dict[str, Config], base: dict[str, float], cores: int, seconds: float) -> list[str]:
+def precision_lever(cfg: Config) -> dict[str, tuple[str, list[str]]]:
+    """The learner in the precision the preset does not run in on this machine (learner.precision=auto is bf16
+    on a CPU that computes in bfloat16, else fp32): its row reads forwards for bf16, backwards for fp32."""
+    other = "fp32" if learner_precision(cfg.learner.precision, pick_device(cfg.learner.device, "learner.device")) \
+        == "bf16" else "bf16"
+    name = "learner bf16 autocast" if other == "bf16" else "learner in fp32"
+    return {name: ("learner", [f"learner.precision={other}"])}
+
+
+def lever_table(cfg_of: dict[str, tuple[str, Config]], base: dict[str, float], cores: int,
+                seconds: float) -> list[str]:
     """One row per lever: the stage it acts on measured with it, its gain over the preset, and the ceiling
     the whole machine would have with it."""
     rates = {"environment": env_rate, "inference": inference_rate, "learner": learner_rate}
     rows = ["lever                      stage        alone/s    gain   ceiling frames/s"]
-    for lever, cfg in cfg_of.items():
-        stage = (LEVERS | GPU_LEVERS)[lever][0]
+    for lever, (stage, cfg) in cfg_of.items():
         rate = rates[stage](cfg, seconds)
         with_lever = {**base, stage: rate}
         ceiling = ceiling_rate(cores, with_lever["environment"], with_lever["inference"], with_lever["learner"],
@@ -462,7 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--stages-only", action="store_true", help="measure the stages alone, not the whole system")
     parser.add_argument("--levers", action="store_true",
-                        help="also measure each speed lever on the stage it acts on: " + ", ".join(LEVERS)
+                        help="also measure each speed lever on the stage it acts on: the learner's other precision, "
+                        + ", ".join(LEVERS)
                         + "; and where the stages chose more than one actor, the whole system with one actor")
     parser.add_argument("--profile", action="store_true",
                         help="sample every service with py-spy right after the end-to-end window (bench.spy; within "
@@ -504,8 +513,8 @@ def main() -> int:
               + f" (the whole inference stage: {1e6 / inf:,.0f} us at fill 1)", flush=True)
     learn = learner_rate(cfg, args.stage_seconds)
     learner_device = pick_device(cfg.learner.device, "learner.device").type
-    print(f"learner alone     (1 core, {learner_device} device, {cfg.learner.precision}): {learn:10,.0f} samples/s",
-          flush=True)
+    precision = learner_precision(cfg.learner.precision, torch.device(learner_device))
+    print(f"learner alone     (1 core, {learner_device} device, {precision}): {learn:10,.0f} samples/s", flush=True)
     if cfg.learner.prepare_ahead and learner_device == "cpu":
         print("  per second of CPU time: the next batch prepared in a second thread (learner.prepare_ahead)",
               flush=True)
@@ -522,8 +531,8 @@ def main() -> int:
                else f"{args.cores} / (1/env + 1/inference + {ratio}/learner)")
     print(f"ceiling = {formula} = {ceiling:,.0f} agent steps/s = {ceiling * frame_skip:,.0f} frames/s", flush=True)
     if args.levers:
-        levers = {name: load_config(args.preset, [f"env.game={args.game}", *args.overrides, *sets])
-                  for name, (_, sets) in (LEVERS | (GPU_LEVERS if on_gpu else {})).items()}
+        levers = {name: (stage, load_config(args.preset, [f"env.game={args.game}", *args.overrides, *sets]))
+                  for name, (stage, sets) in (precision_lever(cfg) | LEVERS | (GPU_LEVERS if on_gpu else {})).items()}
         base = {"environment": env, "inference": inf, "learner": learn}
         for row in lever_table(levers, base, args.cores, args.stage_seconds):
             print(row, flush=True)

@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from lbc.presets import PRESETS
 
 GpuWait = Literal["sleep", "spin"]   # lbc.devices.wait_for_gpu
+Precision = Literal["fp32", "bf16", "auto"]   # lbc.devices.learner_precision
 
 
 class _Section(BaseModel):
@@ -233,8 +234,9 @@ class LearnerConfig(_Section):
     replicas: int = Field(1, ge=1, le=64, description="learner processes training one model, each on its own "
                           "batches, gradients averaged every step (learner_svc.replicas); replica 0 publishes "
                           "and checkpoints; they meet at endpoints.learner_group")
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: the network's matrix products and "
-                                               "convolutions under bfloat16 autocast (losses and weights stay fp32)")
+    precision: Precision = Field("fp32", description="bf16: the network's matrix products and convolutions under "
+                                 "bfloat16 autocast (losses and weights stay fp32); auto: bf16 on a CPU that computes "
+                                 "in bfloat16 natively (AVX-512 BF16, AMX), else fp32 (lbc.devices.learner_precision)")
     compile: bool = Field(False, description="the recurrent core (LayerNormLSTM) unrolled through torch.compile's "
                           "fused kernels, 8 steps per graph, compiled in the learner's first steps (the same function "
                           "within float rounding; docs/speed.md)")

@@ -1,12 +1,14 @@
 """Where tensors live: the device a service's setting names, host-to-device copies of batches, the learner's one
-read of its figures back to the host, and how a thread waits for a GPU."""
+read of its figures back to the host, and how a thread waits for a GPU, the precision the learner computes in."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import numpy as np
 import torch
 
-from lbc.config import GpuWait
+from lbc.config import GpuWait, Precision
 
 _gpu_wait: GpuWait = "sleep"
 
@@ -45,6 +47,26 @@ def pick_device(setting: str, what: str) -> torch.device:
     if setting == "auto":
         setting = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(setting)
+
+
+def cpu_computes_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX tiles), as oneDNN's bf16
+    convolutions and matrix products need to be faster than float32 rather than emulated."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def learner_precision(setting: Precision, device: torch.device,
+                      native_bf16: bool | None = None) -> Literal["fp32", "bf16"]:
+    """The precision the learner's network runs in: `fp32` or `bf16` (autocast of its matrix products and
+    convolutions). `auto` is bf16 where that was measured faster: a CPU that computes in bfloat16 natively
+    (`native_bf16`, default cpu_computes_bf16()), where the `impala` learner made 1.42x and `cpu`'s 1.19x its
+    fp32 samples/s on one core (docs/speed.md, decision 63). It is fp32 on a GPU, where bf16 autocast measured
+    0.85-0.90x on an H100 and an H200 (decision 40), and on CPUs without it (0.18x, emulated)."""
+    if setting != "auto":
+        return setting
+    if device.type != "cpu":
+        return "fp32"
+    return "bf16" if (cpu_computes_bf16() if native_bf16 is None else native_bf16) else "fp32"
 
 
 def pinned(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -109,7 +109,8 @@ LBC_CPU_TRAINING: Tree = {
                 # decision 55: the next batch's frames and target outputs in a second thread while one thread
                 # trains the whole batch: about 4% less learner CPU per agent step than two halves in two
                 # threads, the same frames/s within the machine's drift; +30% learner samples/s on two free cores
-                "split_batch": 1, "prepare_ahead": True},
+                "split_batch": 1, "prepare_ahead": True,
+                "precision": "auto"},   # decision 63: bf16 autocast on a CPU that computes in bfloat16
 }
 
 # IMPALA (Espeholt et al. 2018): one policy, V-trace actor-critic, entropy bonus, clipped rewards,
@@ -126,7 +127,8 @@ IMPALA: Tree = {
                 "anneal_steps": 200_000, "weight_decay": 0.0, "rmsprop_decay": 0.99, "rmsprop_eps": 0.01,
                 "rmsprop_momentum": 0.0, "loss_reduction": "sum", "v_loss_scale": 0.5, "q_loss_scale": 0.0,
                 "pi_loss_scale": 1.0, "entropy_cost": 0.01, "rho_bar": 1.0, "c_bar": 1.0, "clip_norm": 40.0,
-                "threads": 1, "split_batch": 2},
+                "threads": 1, "split_batch": 2,
+                "precision": "auto"},   # decision 63: bf16 autocast on a CPU that computes in bfloat16
     "env": {"num_envs": 16, "episodic_life": True},
     "eval": {"every_versions": 5},   # a version every 25 x 640 samples: evaluate about every 320k frames
 }

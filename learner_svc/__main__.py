@@ -113,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     set_serving(health, ["lbc.v1.ParameterService"])
     fetcher = BatchFetcher(cfg, stop, pin=trainer.device.type == "cuda")
     fetcher.start()
-    log.info("learner up: params on %s, replay %s, %d policies, batch %d x %d (+%d burn-in), preset %s, device %s",
+    log.info("learner up: params on %s, replay %s, %d policies, batch %d x %d (+%d burn-in), preset %s, "
+             "device %s, %s (learner.precision=%s)",
              cfg.endpoints.params, cfg.endpoints.replay_serve, cfg.num_policies, cfg.learner.batch_size,
-             cfg.sequence.length, cfg.sequence.burn_in, cfg.preset, trainer.device)
+             cfg.sequence.length, cfg.sequence.burn_in, cfg.preset, trainer.device, trainer.precision,
+             cfg.learner.precision)
 
     samples_per_batch = cfg.learner.batch_size * cfg.sequence.length
     last_log = time.monotonic()

@@ -16,7 +16,7 @@ from prometheus_client import Counter
 
 from lbc.agents import LossOutput, Prepared, make_loss
 from lbc.config import Config, LearnerConfig
-from lbc.devices import pick_device, to_device, to_host, wait_for_gpu
+from lbc.devices import learner_precision, pick_device, to_device, to_host, wait_for_gpu
 from lbc.envs import env_spec
 from lbc.nets import LayerNormLSTM, LBCNet, build_agent, policy_net
 from lbc.sequences import observations_at, stacked_frames
@@ -82,6 +82,7 @@ class Trainer:
         spec = env_spec(cfg.env)
         torch.manual_seed(cfg.learner.seed)
         self.device = pick_device(cfg.learner.device, "learner.device")
+        self.precision = learner_precision(cfg.learner.precision, self.device)
         # agent: what is published and checkpointed; model: the network the RL loss trains
         self.agent = build_agent(cfg, spec.obs_shape, spec.num_actions).to(self.device)
         self.model: LBCNet = policy_net(self.agent).set_channels_last(True)
@@ -134,7 +135,10 @@ class Trainer:
         return self.loss.checkpointed()
 
     def _autocast(self) -> AbstractContextManager:
-        return torch.autocast(self.device.type, torch.bfloat16, enabled=self.cfg.learner.precision == "bf16")
+        # no cast cache: torch keeps one for all threads and empties it when any thread leaves autocast, so with
+        # split_batch or prepare_ahead a weight could be cast once or twice in a part's graph and its gradient
+        # summed in a different order from run to run; without it the step is deterministic, and no slower
+        return torch.autocast(self.device.type, torch.bfloat16, enabled=self.precision == "bf16", cache_enabled=False)
 
     def _loss(self, batch: dict[str, np.ndarray]) -> LossOutput:
         """The family's loss for (part of) a batch: (total as a mean over time and batch, terms

@@ -1,8 +1,9 @@
 """Device selection and the GPU path's pieces as they run on a machine without a GPU (CI has none):
 the settings, host-to-device copies that skip pinning on the CPU, the acting step's device handling, and
-bf16 autocast in the learner against the fp32 step."""
+bf16 autocast in the learner against the fp32 step, and which precision `auto` picks."""
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +11,16 @@ import torch
 
 from lbc.acting import CoreInputs, forward
 from lbc.config import load_config
-from lbc.devices import pick_device, pinned, set_gpu_wait, to_device, to_host, wait_for_gpu
+from lbc.devices import (
+    cpu_computes_bf16,
+    learner_precision,
+    pick_device,
+    pinned,
+    set_gpu_wait,
+    to_device,
+    to_host,
+    wait_for_gpu,
+)
 from lbc.nets import build_net
 from lbc.presets import CATCH_SIZING, deep_merge
 from learner_svc.training import Trainer, to_time_major
@@ -45,6 +55,34 @@ def test_settings_pick_the_device_and_refuse_a_missing_gpu():
         load_config("cpu", ["actor.device=tpu"])
     with pytest.raises(ValueError, match="learner.precision"):
         load_config("cpu", ["learner.precision=fp8"])
+
+
+def test_auto_precision_is_bf16_only_on_a_cpu_that_computes_in_bfloat16():
+    """decision 63: bf16 autocast was faster than fp32 on a CPU with AVX-512 BF16 and slower on a GPU and on a
+    CPU that emulates it; a named precision is kept as named, on any device."""
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert learner_precision("auto", cpu, native_bf16=True) == "bf16"
+    assert learner_precision("auto", cpu, native_bf16=False) == "fp32"
+    assert learner_precision("auto", gpu, native_bf16=True) == "fp32"
+    for named in ("fp32", "bf16"):
+        for device in (cpu, gpu):
+            for native in (True, False):
+                assert learner_precision(named, device, native_bf16=native) == named
+    assert learner_precision("auto", cpu) == ("bf16" if cpu_computes_bf16() else "fp32")
+    assert load_config("cpu", ["learner.precision=auto"]).learner.precision == "auto"
+    # the presets measured with it (docs/speed.md); the others keep fp32
+    for preset in ("cpu", "impala", "impala-cpu"):
+        assert load_config(preset).learner.precision == "auto", preset
+    for preset in ("lbc-bm", "ngu", "minatar", "catch"):
+        assert load_config(preset).learner.precision == "fp32", preset
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads the CPU's flags from Linux's /proc/cpuinfo")
+def test_the_cpu_check_agrees_with_the_kernels_cpu_flags():
+    """torch's check against the flags the kernel lists for the CPU: AVX-512 BF16 or AMX tiles."""
+    flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    listed = set(flags.split(":", 1)[1].split())
+    assert cpu_computes_bf16() == bool({"avx512_bf16", "amx_tile"} & listed)
 
 
 def test_host_arrays_reach_the_cpu_without_a_copy_or_pinning():
@@ -136,7 +174,7 @@ def test_bf16_autocast_keeps_the_fp32_loss_and_gradient(preset, sizing):
     """learner.precision=bf16 runs the network's matrix products in bfloat16 (8 bits of mantissa): on one
     real-sized batch every loss term stays within 2% of fp32's and the gradient points the same way (cosine
     > 0.99); the losses read fp32 outputs. Weights and optimiser state stay fp32."""
-    cfg32 = load_config(preset, deep_merge(sizing, {"learner": {"warmup_steps": 0}}))
+    cfg32 = load_config(preset, deep_merge(sizing, {"learner": {"warmup_steps": 0, "precision": "fp32"}}))
     cfg16 = load_config(preset, deep_merge(sizing, {"learner": {"warmup_steps": 0, "precision": "bf16"}}))
     batch = _batch(cfg32, np.random.default_rng(3))
     batch["behaviour_prob"][:] = 1.0 / (18 if cfg32.env.kind == "atari" else 3)

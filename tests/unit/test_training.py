@@ -354,7 +354,8 @@ def test_a_steps_figures_are_read_at_once_and_are_the_losss_own():
     """The step reads its loss, gradient norm, terms and priorities from the device in one copy
     (lbc.devices.to_host; a GPU learner then waits once a step, not at each figure), and they are the ones
     the loss gives: against a second learner from the same seed whose loss and gradient are computed here."""
-    cfg = load_config("cpu", ["learner.split_batch=1", "learner.warmup_steps=0", "learner.batch_size=4"])
+    cfg = load_config("cpu", ["learner.split_batch=1", "learner.warmup_steps=0", "learner.batch_size=4",
+                              "learner.precision=fp32"])   # the reference's loss runs outside autocast
     batch = _batch(cfg, np.random.default_rng(3))
     torch.manual_seed(0)
     reference = Trainer(cfg)
