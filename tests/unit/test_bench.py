@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from bench.throughput import build_parser, ceiling_rate
+from bench.throughput import build_parser, ceiling_rate, precision_lever
+from lbc.config import load_config
 
 
 def test_ceiling_adds_the_stages_per_core_and_a_gpu_learner_bounds_on_its_own():
@@ -138,3 +139,11 @@ def test_replay_waits_are_each_sides_waiting_seconds_over_the_window():
     held, waited = replay_waits((12.0, 1.5), (18.0, 1.5), 20.0)
     assert held == pytest.approx(0.30) and waited == 0.0
     assert replay_waits((0.0, 0.0), (0.0, 5.0), 10.0) == (0.0, 0.5)
+
+
+def test_the_precision_lever_measures_the_precision_the_preset_does_not_run_in():
+    """--levers: a learner running bf16 is measured in fp32 (the row read backwards), one running fp32 in bf16."""
+    assert precision_lever(load_config("impala", ["learner.precision=bf16", "learner.device=cpu"])) == {
+        "learner in fp32": ("learner", ["learner.precision=fp32"])}
+    assert precision_lever(load_config("impala", ["learner.precision=fp32", "learner.device=cpu"])) == {
+        "learner bf16 autocast": ("learner", ["learner.precision=bf16"])}
