@@ -1,5 +1,5 @@
 """Where tensors live: the device a service's setting names, host-to-device copies of batches, the learner's one
-read of its figures back to the host, and how a thread waits for a GPU, the precision the learner computes in."""
+read of its figures back to the host, how a thread waits for a GPU, and the precision the learner computes in."""
 
 from __future__ import annotations
 
