@@ -16,13 +16,13 @@ from prometheus_client import Counter, Gauge
 from actor_svc import evaluator
 from actor_svc.peers import BehaviourSource, ParamPuller, SequenceSender
 from actor_svc.sequencer import SequenceBuilder
-from lbc.acting import CoreInputs, cut_episode_values, forward
+from lbc.acting import CoreInputs, acting_agent, cut_episode_values, forward, precision_of
 from lbc.agents import make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import Config
 from lbc.devices import pick_device, set_gpu_wait
 from lbc.envs import make_envs
-from lbc.nets import build_agent, policy_net
+from lbc.nets import policy_net
 from lbc.scores import human_normalised
 from lbc.sequences import sequence_layout
 from lbc.service import (
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = actor_seed(cfg.env.seed, args.index, args.actor_id)
     envs = make_envs(cfg.env, num_envs, seed=seed)
     spec = envs.spec
-    agent = build_agent(cfg, spec.obs_shape, spec.num_actions).eval().to(pick_device(cfg.actor.device, "actor.device"))
+    agent = acting_agent(cfg, spec.obs_shape, spec.num_actions, pick_device(cfg.actor.device, "actor.device"))
     net = policy_net(agent)
     acting = make_acting(cfg, agent, num_envs, args.index)
     puller = ParamPuller(cfg, actor_id, agent)
@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("waiting for the first parameters from %s", cfg.endpoints.params)
         backoff.wait(stop)
     set_serving(health, ["lbc.v1.Actor"])
-    log.info("actor %s up: %d x %s, version %d", actor_id, num_envs,
-             cfg.env.name, puller.version)
+    log.info("actor %s up: %d x %s, version %d, inference in %s", actor_id, num_envs, cfg.env.name, puller.version,
+             precision_of(net))
 
     obs = envs.reset()
     inputs = CoreInputs.start(net, num_envs)

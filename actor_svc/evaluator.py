@@ -23,13 +23,13 @@ import torch
 from prometheus_client import Counter, Gauge
 
 from actor_svc.peers import ParamPuller
-from lbc.acting import CoreInputs, evaluation_policy, evaluation_probs, forward
+from lbc.acting import CoreInputs, acting_agent, evaluation_policy, evaluation_probs, forward, precision_of
 from lbc.agents import Acting, make_acting
 from lbc.behaviour import sample_actions
 from lbc.config import Config, EnvConfig
 from lbc.devices import pick_device
 from lbc.envs import VectorEnvs, make_envs
-from lbc.nets import build_agent, policy_net
+from lbc.nets import policy_net
 from lbc.scores import summarise
 
 log = logging.getLogger("evaluator")
@@ -134,7 +134,7 @@ def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
     env_cfg = eval_env_config(cfg)
     envs = make_envs(env_cfg, ec.num_envs, seed=ec.seed)
     spec = envs.spec
-    agent = build_agent(cfg, spec.obs_shape, spec.num_actions).eval().to(pick_device(cfg.actor.device, "actor.device"))
+    agent = acting_agent(cfg, spec.obs_shape, spec.num_actions, pick_device(cfg.actor.device, "actor.device"))
     net = policy_net(agent)
     acting = make_acting(cfg, agent, ec.num_envs)
     puller = ParamPuller(cfg, f"evaluator-{index}", agent)
@@ -142,8 +142,8 @@ def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
     generator = torch.Generator().manual_seed(ec.seed)
     out_path = Path(cfg.run_dir) / "eval.jsonl"
     log.info("evaluator up: %s, policy %s (eps %.3g), %d episodes on %d environments every %d versions, "
-             "sticky actions %s; results in %s", game, policy, ec.epsilon, ec.episodes, ec.num_envs,
-             ec.every_versions, ec.sticky_actions, out_path)
+             "sticky actions %s, inference in %s; results in %s", game, policy, ec.epsilon, ec.episodes, ec.num_envs,
+             ec.every_versions, ec.sticky_actions, precision_of(net), out_path)
 
     last = None
     rounds = 0

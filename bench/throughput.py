@@ -41,14 +41,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.cpu_use import cpu_table, service_cpu_seconds
 from bench.spy import profile_lines
-from lbc.acting import CoreInputs, forward
+from lbc.acting import CoreInputs, acting_agent, forward
 from lbc.agents import Acting, family_of, make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import PRESETS, Config, load_config
-from lbc.devices import learner_precision, pick_device, pinned
+from lbc.devices import compute_precision, pick_device, pinned
 from lbc.envs import make_envs
 from lbc.launch import SERVICE_ENV_DEFAULTS, scrape, value
-from lbc.nets import build_agent, policy_net
+from lbc.nets import policy_net
 from lbc.psi import Psi
 from lbc.sequences import sequence_layout
 from learner_svc.training import Trainer, to_time_major
@@ -77,7 +77,7 @@ def _actor_parts(cfg: Config) -> tuple[np.ndarray, torch.nn.Module, Acting]:
     obs = envs.reset()
     envs.close()
     device = pick_device(cfg.actor.device, "actor.device")
-    agent = build_agent(cfg, envs.spec.obs_shape, envs.spec.num_actions).eval().to(device)
+    agent = acting_agent(cfg, envs.spec.obs_shape, envs.spec.num_actions, device)
     acting = make_acting(cfg, agent, cfg.env.num_envs)
     n = cfg.num_components
     for e in range(cfg.env.num_envs):
@@ -407,12 +407,17 @@ def ceiling_rate(cores: int, env: float, inference: float, learner: float, repla
 
 
 def precision_lever(cfg: Config) -> dict[str, tuple[str, list[str]]]:
-    """The learner in the precision the preset does not run in on this machine (learner.precision=auto is bf16
-    on a CPU that computes in bfloat16, else fp32): its row reads forwards for bf16, backwards for fp32."""
-    other = "fp32" if learner_precision(cfg.learner.precision, pick_device(cfg.learner.device, "learner.device")) \
-        == "bf16" else "bf16"
-    name = "learner bf16 autocast" if other == "bf16" else "learner in fp32"
-    return {name: ("learner", [f"learner.precision={other}"])}
+    """The learner and the actors' inference each in the precision the preset does not run in on this machine
+    (precision=auto is bf16 on a CPU that computes in bfloat16, else fp32): a row reads forwards for bf16,
+    backwards for fp32."""
+    levers = {}
+    for stage, section in (("learner", "learner"), ("inference", "actor")):
+        settings = getattr(cfg, section)
+        running = compute_precision(settings.precision, pick_device(settings.device, f"{section}.device"))
+        other = "fp32" if running == "bf16" else "bf16"
+        name = f"{section} in bf16" if other == "bf16" else f"{section} in fp32"
+        levers[name] = (stage, [f"{section}.precision={other}"])
+    return levers
 
 
 def lever_table(cfg_of: dict[str, tuple[str, Config]], base: dict[str, float], cores: int,
@@ -505,7 +510,9 @@ def main() -> int:
     print(f"environment alone (1 core): {env:10,.0f} agent steps/s ({env * frame_skip:,.0f} frames/s)",
           flush=True)
     inf = inference_rate(cfg, args.stage_seconds)
-    print(f"inference alone   (1 core, {cfg.actor.device} device): {inf:10,.0f} samples/s", flush=True)
+    inference_precision = compute_precision(cfg.actor.precision, pick_device(cfg.actor.device, "actor.device"))
+    print(f"inference alone   (1 core, {cfg.actor.device} device, {inference_precision}): {inf:10,.0f} samples/s",
+          flush=True)
     if family_of(cfg) == "ngu":
         costs = intrinsic_cost(cfg, (1, 1_000, 5_000, cfg.ngu.memory_capacity))
         print("NGU intrinsic reward per agent step, by episodic memory fill: "
@@ -513,7 +520,7 @@ def main() -> int:
               + f" (the whole inference stage: {1e6 / inf:,.0f} us at fill 1)", flush=True)
     learn = learner_rate(cfg, args.stage_seconds)
     learner_device = pick_device(cfg.learner.device, "learner.device").type
-    precision = learner_precision(cfg.learner.precision, torch.device(learner_device))
+    precision = compute_precision(cfg.learner.precision, torch.device(learner_device))
     print(f"learner alone     (1 core, {learner_device} device, {precision}): {learn:10,.0f} samples/s", flush=True)
     if cfg.learner.prepare_ahead and learner_device == "cpu":
         print("  per second of CPU time: the next batch prepared in a second thread (learner.prepare_ahead)",

@@ -21,7 +21,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from lbc.presets import PRESETS
 
 GpuWait = Literal["sleep", "spin"]   # lbc.devices.wait_for_gpu
-Precision = Literal["fp32", "bf16", "auto"]   # lbc.devices.learner_precision
+Precision = Literal["fp32", "bf16", "auto"]   # lbc.devices.compute_precision
 
 
 class _Section(BaseModel):
@@ -236,7 +236,7 @@ class LearnerConfig(_Section):
                           "and checkpoints; they meet at endpoints.learner_group")
     precision: Precision = Field("fp32", description="bf16: the network's matrix products and convolutions under "
                                  "bfloat16 autocast (losses and weights stay fp32); auto: bf16 on a CPU that computes "
-                                 "in bfloat16 natively (AVX-512 BF16, AMX), else fp32 (lbc.devices.learner_precision)")
+                                 "in bfloat16 natively (AVX-512 BF16, AMX), else fp32 (lbc.devices.compute_precision)")
     compile: bool = Field(False, description="the recurrent core (LayerNormLSTM) unrolled through torch.compile's "
                           "fused kernels, 8 steps per graph, compiled in the learner's first steps (the same function "
                           "within float rounding; docs/speed.md)")
@@ -256,6 +256,11 @@ class ActorConfig(_Section):
     gpu_wait: GpuWait = Field("sleep", description="how actors and the evaluator wait for their inference on a "
                               "GPU: sleep (the core is free meanwhile) or spin (CUDA's busy wait); "
                               "lbc.devices.wait_for_gpu")
+    precision: Precision = Field("fp32", description="bf16: the acting network's convolutions and linear layers "
+                                 "hold bfloat16 weights (each pull converts into them) and run in bfloat16, its "
+                                 "outputs and recurrent state fp32; actors, the evaluator, lbc evaluate and lbc play; "
+                                 "auto: bf16 on a CPU that computes in bfloat16 natively, else fp32 "
+                                 "(lbc.acting.set_precision, lbc.devices.compute_precision)")
 
 
 class NguConfig(_Section):

@@ -1,5 +1,6 @@
 """Where tensors live: the device a service's setting names, host-to-device copies of batches, the learner's one
-read of its figures back to the host, how a thread waits for a GPU, and the precision the learner computes in."""
+read of its figures back to the host, how a thread waits for a GPU, and the precision the learner and the actors
+compute in."""
 
 from __future__ import annotations
 
@@ -55,12 +56,13 @@ def cpu_computes_bf16() -> bool:
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
-def learner_precision(setting: Precision, device: torch.device,
+def compute_precision(setting: Precision, device: torch.device,
                       native_bf16: bool | None = None) -> Literal["fp32", "bf16"]:
-    """The precision the learner's network runs in: `fp32` or `bf16` (autocast of its matrix products and
-    convolutions). `auto` is bf16 where that was measured faster: a CPU that computes in bfloat16 natively
-    (`native_bf16`, default cpu_computes_bf16()), where the `impala` learner made 1.42x and `cpu`'s 1.19x its
-    fp32 samples/s on one core (docs/speed.md, decision 63). It is fp32 on a GPU, where bf16 autocast measured
+    """The precision a network computes in on `device` (learner.precision, actor.precision): `fp32` or
+    `bf16` (its matrix products and convolutions). `auto` is bf16 where that was measured faster: a CPU that
+    computes in bfloat16 natively (`native_bf16`, default cpu_computes_bf16()), where the `impala` learner
+    made 1.42x and `cpu`'s 1.19x its fp32 samples/s on one core (decision 63) and the actors' inference
+    1.25-1.55x (decision 64; docs/speed.md). It is fp32 on a GPU, where the learner's bf16 autocast measured
     0.85-0.90x on an H100 and an H200 (decision 40), and on CPUs without it (0.18x, emulated)."""
     if setting != "auto":
         return setting

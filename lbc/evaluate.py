@@ -34,10 +34,10 @@ def frames_when_written(metrics_log: Path, written_at: float) -> float | None:
 
 def evaluate_cli(args: argparse.Namespace) -> int:
     from actor_svc.evaluator import append_record, eval_env_config, evaluation_record, play
-    from lbc.acting import evaluation_policy
+    from lbc.acting import acting_agent, evaluation_policy
     from lbc.agents import make_acting
     from lbc.envs import make_envs
-    from lbc.nets import build_agent, policy_net
+    from lbc.nets import policy_net
 
     run_dir = Path(args.run)
     cfg = load_config_of(run_dir, "evaluate")
@@ -48,7 +48,7 @@ def evaluate_cli(args: argparse.Namespace) -> int:
         raise SystemExit(f"lbc evaluate: --episodes must be at least 1, got {episodes}")
     seed = ec.seed if args.seed is None else args.seed
     envs = make_envs(eval_env_config(cfg), ec.num_envs, seed=seed)
-    agent = build_agent(cfg, envs.spec.obs_shape, envs.spec.num_actions).eval()
+    agent = acting_agent(cfg, envs.spec.obs_shape, envs.spec.num_actions)
     agent.load_state_dict(state["model"])
     net = policy_net(agent)
     acting = make_acting(cfg, agent, ec.num_envs)

@@ -117,9 +117,9 @@ def board_image(board: np.ndarray, scale: int = 16) -> np.ndarray:
 
 def play_cli(args: argparse.Namespace) -> int:
     from actor_svc.evaluator import eval_env_config, play
-    from lbc.acting import evaluation_policy
+    from lbc.acting import acting_agent, evaluation_policy
     from lbc.agents import make_acting
-    from lbc.nets import build_agent, policy_net
+    from lbc.nets import policy_net
 
     run_dir = Path(args.run)
     cfg = load_config_of(run_dir, "play")
@@ -140,7 +140,7 @@ def play_cli(args: argparse.Namespace) -> int:
         if args.video:
             def on_frame(obs: np.ndarray, actions: np.ndarray) -> None:
                 frames.append(board_image(obs[0]))
-    agent = build_agent(cfg, game.spec.obs_shape, game.spec.num_actions).eval()
+    agent = acting_agent(cfg, game.spec.obs_shape, game.spec.num_actions)
     agent.load_state_dict(state["model"])
     net = policy_net(agent)
     acting = make_acting(cfg, agent, 1)

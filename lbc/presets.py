@@ -111,6 +111,7 @@ LBC_CPU_TRAINING: Tree = {
                 # threads, the same frames/s within the machine's drift; +30% learner samples/s on two free cores
                 "split_batch": 1, "prepare_ahead": True,
                 "precision": "auto"},   # decision 63: bf16 autocast on a CPU that computes in bfloat16
+    "actor": {"precision": "auto"},   # decision 64: the actors' network in bf16 there too
 }
 
 # IMPALA (Espeholt et al. 2018): one policy, V-trace actor-critic, entropy bonus, clipped rewards,
@@ -129,6 +130,7 @@ IMPALA: Tree = {
                 "pi_loss_scale": 1.0, "entropy_cost": 0.01, "rho_bar": 1.0, "c_bar": 1.0, "clip_norm": 40.0,
                 "threads": 1, "split_batch": 2,
                 "precision": "auto"},   # decision 63: bf16 autocast on a CPU that computes in bfloat16
+    "actor": {"precision": "auto"},   # decision 64: the actors' network in bf16 there too
     "env": {"num_envs": 16, "episodic_life": True},
     "eval": {"every_versions": 5},   # a version every 25 x 640 samples: evaluate about every 320k frames
 }

@@ -16,7 +16,7 @@ from prometheus_client import Counter
 
 from lbc.agents import LossOutput, Prepared, make_loss
 from lbc.config import Config, LearnerConfig
-from lbc.devices import learner_precision, pick_device, to_device, to_host, wait_for_gpu
+from lbc.devices import compute_precision, pick_device, to_device, to_host, wait_for_gpu
 from lbc.envs import env_spec
 from lbc.nets import LayerNormLSTM, LBCNet, build_agent, policy_net
 from lbc.sequences import observations_at, stacked_frames
@@ -82,7 +82,7 @@ class Trainer:
         spec = env_spec(cfg.env)
         torch.manual_seed(cfg.learner.seed)
         self.device = pick_device(cfg.learner.device, "learner.device")
-        self.precision = learner_precision(cfg.learner.precision, self.device)
+        self.precision = compute_precision(cfg.learner.precision, self.device)
         # agent: what is published and checkpointed; model: the network the RL loss trains
         self.agent = build_agent(cfg, spec.obs_shape, spec.num_actions).to(self.device)
         self.model: LBCNet = policy_net(self.agent).set_channels_last(True)

@@ -141,9 +141,13 @@ def test_replay_waits_are_each_sides_waiting_seconds_over_the_window():
     assert replay_waits((0.0, 0.0), (0.0, 5.0), 10.0) == (0.0, 0.5)
 
 
-def test_the_precision_lever_measures_the_precision_the_preset_does_not_run_in():
-    """--levers: a learner running bf16 is measured in fp32 (the row read backwards), one running fp32 in bf16."""
-    assert precision_lever(load_config("impala", ["learner.precision=bf16", "learner.device=cpu"])) == {
-        "learner in fp32": ("learner", ["learner.precision=fp32"])}
-    assert precision_lever(load_config("impala", ["learner.precision=fp32", "learner.device=cpu"])) == {
-        "learner bf16 autocast": ("learner", ["learner.precision=bf16"])}
+def test_the_precision_levers_measure_the_precision_the_preset_does_not_run_in():
+    """--levers: a learner or actors running bf16 are measured in fp32 (the row read backwards), those running
+    fp32 in bf16, each on its own stage."""
+    cpu = ["learner.device=cpu", "actor.device=cpu"]
+    assert precision_lever(load_config("impala", [*cpu, "learner.precision=bf16", "actor.precision=fp32"])) == {
+        "learner in fp32": ("learner", ["learner.precision=fp32"]),
+        "actor in bf16": ("inference", ["actor.precision=bf16"])}
+    assert precision_lever(load_config("impala", [*cpu, "learner.precision=fp32", "actor.precision=bf16"])) == {
+        "learner in bf16": ("learner", ["learner.precision=bf16"]),
+        "actor in fp32": ("inference", ["actor.precision=fp32"])}

@@ -1,6 +1,7 @@
 """Device selection and the GPU path's pieces as they run on a machine without a GPU (CI has none):
 the settings, host-to-device copies that skip pinning on the CPU, the acting step's device handling, and
-bf16 autocast in the learner against the fp32 step, and which precision `auto` picks."""
+bf16 autocast in the learner against the fp32 step, bf16 acting against fp32 acting, and which precision `auto`
+picks."""
 
 import time
 from pathlib import Path
@@ -9,11 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from lbc.acting import CoreInputs, forward
+from lbc.acting import CoreInputs, acting_agent, forward
+from lbc.agents import make_acting
+from lbc.behaviour import EpisodeBehaviour
 from lbc.config import load_config
 from lbc.devices import (
+    compute_precision,
     cpu_computes_bf16,
-    learner_precision,
     pick_device,
     pinned,
     set_gpu_wait,
@@ -21,8 +24,10 @@ from lbc.devices import (
     to_host,
     wait_for_gpu,
 )
-from lbc.nets import build_net
+from lbc.envs import make_envs
+from lbc.nets import build_net, policy_net
 from lbc.presets import CATCH_SIZING, deep_merge
+from lbc.psi import Psi
 from learner_svc.training import Trainer, to_time_major
 from tests.unit.test_training import _batch
 
@@ -61,14 +66,14 @@ def test_auto_precision_is_bf16_only_on_a_cpu_that_computes_in_bfloat16():
     """decision 63: bf16 autocast was faster than fp32 on a CPU with AVX-512 BF16 and slower on a GPU and on a
     CPU that emulates it; a named precision is kept as named, on any device."""
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    assert learner_precision("auto", cpu, native_bf16=True) == "bf16"
-    assert learner_precision("auto", cpu, native_bf16=False) == "fp32"
-    assert learner_precision("auto", gpu, native_bf16=True) == "fp32"
+    assert compute_precision("auto", cpu, native_bf16=True) == "bf16"
+    assert compute_precision("auto", cpu, native_bf16=False) == "fp32"
+    assert compute_precision("auto", gpu, native_bf16=True) == "fp32"
     for named in ("fp32", "bf16"):
         for device in (cpu, gpu):
             for native in (True, False):
-                assert learner_precision(named, device, native_bf16=native) == named
-    assert learner_precision("auto", cpu) == ("bf16" if cpu_computes_bf16() else "fp32")
+                assert compute_precision(named, device, native_bf16=native) == named
+    assert compute_precision("auto", cpu) == ("bf16" if cpu_computes_bf16() else "fp32")
     assert load_config("cpu", ["learner.precision=auto"]).learner.precision == "auto"
     # the presets measured with it (docs/speed.md); the others keep fp32
     for preset in ("cpu", "impala", "impala-cpu"):
@@ -192,3 +197,48 @@ def test_bf16_autocast_keeps_the_fp32_loss_and_gradient(preset, sizing):
     assert torch.isfinite(grad16).all()
     assert torch.allclose(terms16, terms32, rtol=0.02, atol=1e-3), (terms32, terms16)
     assert float(torch.nn.functional.cosine_similarity(grad32, grad16, dim=0)) > 0.99
+
+
+@pytest.mark.parametrize("preset", ["cpu", "impala"])
+def test_bf16_acting_keeps_the_fp32_behaviour(preset):
+    """actor.precision=bf16 (decision 64): the acting network's convolutions and linear layers hold bfloat16
+    weights, a pull converts fp32 parameters into them, and over ten steps on real Pong frames the behaviour
+    it samples from stays close to the fp32 network's (KL under 2e-3 nats, each probability within 0.03), with
+    a policy sharpened so that its probabilities span 1e-3 to over 0.5. bf16 keeps 8 significant bits, so
+    logits of +-20 move by about 0.05-0.1 and small probabilities by up to ~10% of themselves (measured:
+    KL 2e-5 to 1e-3). What the learner divides by is the probability the actions were drawn with, bf16's
+    own, so V-trace's ratios stay exact. Outputs and the recurrent state stay fp32."""
+    cfg32 = load_config(preset, ["env.game=pong", "env.num_envs=4", "actor.precision=fp32"])
+    cfg16 = load_config(preset, ["env.game=pong", "env.num_envs=4", "actor.precision=bf16"])
+    envs = make_envs(cfg32.env, 4, seed=0)
+    torch.manual_seed(0)
+    agent32 = acting_agent(cfg32, envs.spec.obs_shape, envs.spec.num_actions)
+    with torch.no_grad():
+        policy_net(agent32).heads.weight.mul_(30.0)   # a confident policy, not the near-uniform initial one
+    agent16 = acting_agent(cfg16, envs.spec.obs_shape, envs.spec.num_actions)
+    agent16.load_state_dict(agent32.state_dict())   # what a parameter pull does
+    net32, net16 = policy_net(agent32), policy_net(agent16)
+    assert net16.heads.weight.dtype == net16.torso.fc[0].weight.dtype == torch.bfloat16
+    assert torch.equal(net16.heads.weight, net32.heads.weight.bfloat16())
+    assert net16.core.input_norm.weight.dtype == torch.float32 and net32.heads.weight.dtype == torch.float32
+    acts = [make_acting(cfg, agent, 4) for cfg, agent in ((cfg32, agent32), (cfg16, agent16))]
+    for acting in acts:
+        for e in range(4):
+            acting.begin_episode(e, EpisodeBehaviour("", Psi.uniform(0.5, cfg32.num_components)))
+    inputs = [CoreInputs.start(net32, 4), CoreInputs.start(net16, 4)]
+    obs, rng = envs.reset(), np.random.default_rng(0)
+    spread = []
+    for _ in range(10):
+        outs = [forward(net, obs, inp) for net, inp in zip((net32, net16), inputs, strict=True)]
+        mu32, mu16 = (acting.behaviour(out) for acting, out in zip(acts, outs, strict=True))
+        assert all(t.dtype == torch.float32 for t in (outs[1].adv, outs[1].value, *outs[1].state))
+        assert float((mu32 * (mu32 / mu16).log()).sum(-1).max()) < 2e-3   # KL(fp32 || bf16) per environment
+        assert float((mu16 - mu32).abs().max()) < 0.03
+        spread += [float(mu32.min()), float(mu32.max())]
+        actions = rng.integers(0, envs.spec.num_actions, 4)
+        result = envs.step(actions)
+        for inp, out in zip(inputs, outs, strict=True):
+            inp.advance(actions, result.reward, result.done, out.state)
+        obs = result.obs
+    envs.close()
+    assert min(spread) < 1e-3 and max(spread) > 0.5, spread
