@@ -415,8 +415,7 @@ def precision_lever(cfg: Config) -> dict[str, tuple[str, list[str]]]:
         settings = getattr(cfg, section)
         running = compute_precision(settings.precision, pick_device(settings.device, f"{section}.device"))
         other = "fp32" if running == "bf16" else "bf16"
-        name = f"{section} in bf16" if other == "bf16" else f"{section} in fp32"
-        levers[name] = (stage, [f"{section}.precision={other}"])
+        levers[f"{section} in {other}"] = (stage, [f"{section}.precision={other}"])
     return levers
 
 
