@@ -487,13 +487,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def allocate_as_services(module: str) -> None:
+    """Run `python -m module` again with the services' environment unless it has it: glibc reads its tunables
+    at start, and the stages measured in this process should allocate as the services do."""
+    if any(name not in os.environ for name in SERVICE_ENV_DEFAULTS):
+        env = {**SERVICE_ENV_DEFAULTS, **os.environ}
+        os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
+
+
 def main() -> int:
     args = build_parser().parse_args()
-    if any(name not in os.environ for name in SERVICE_ENV_DEFAULTS):
-        # glibc reads its tunables at start: run again as the launcher starts a service, so the stages
-        # measured in this process allocate as the services do
-        env = {**SERVICE_ENV_DEFAULTS, **os.environ}
-        os.execve(sys.executable, [sys.executable, "-m", "bench.throughput", *sys.argv[1:]], env)
+    allocate_as_services("bench.throughput")
     apply_machine_defaults(args, torch.cuda.is_available())
 
     cfg = load_config(args.preset, [f"env.game={args.game}", *args.overrides])

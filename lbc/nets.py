@@ -40,8 +40,10 @@ def pixels_to_input(frames: torch.Tensor, centre: bool, by_sort: bool = False) -
 
 @dataclass(frozen=True)
 class Frames:
-    """uint8 frames as a convolutional torso reads them: their pixel values as float32 [..., C, H, W], laid out
-    in the torso's memory format, and each frame's median [..., C] when frames are centred (else None).
+    """uint8 frames as a convolutional torso reads them: their pixel values [..., C, H, W] in the dtype the
+    first convolution computes them in (float32, or bfloat16 under bf16 autocast: pixel_dtype), laid out in the
+    torso's memory format, and each frame's median [..., C] when frames are centred in float32 (else None: in
+    bfloat16 the pixels are the centred x - m themselves, exact there, and the convolution is a plain one).
 
     Reading them is the torso's costliest pass after its convolutions (docs/speed.md). The learner reads a
     batch's frames once and gives them to every network that convolves them (online and target) and to
@@ -76,14 +78,31 @@ class Frames:
                       None if self.medians is None else self.medians.reshape(*lead, self.medians.shape[-1]))
 
 
+def pixel_dtype(device_type: str) -> torch.dtype:
+    """The dtype a torso's first convolution computes pixels in: bfloat16 under bf16 autocast, where the
+    convolution would cast float32 pixels to it anyway, else float32. Pixel values 0..255, and a centred frame's
+    x - m in -255..255, are integers that bfloat16's 8 significant bits hold exactly, so reading uint8 straight
+    into it gives the values the cast would: one pass over the frames instead of two (decision 65)."""
+    if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16:
+        return torch.bfloat16
+    return torch.float32
+
+
 def read_frames(frames: torch.Tensor, centre: bool, by_sort: bool = False,
                 memory_format: torch.memory_format = torch.contiguous_format) -> Frames:
-    """uint8 frames [..., C, H, W] as Frames; the layout is changed on the uint8 frames, a quarter of the
-    float's bytes."""
+    """uint8 frames [..., C, H, W] as Frames, their pixels in pixel_dtype; the layout is changed on the uint8
+    frames, a quarter of the float's bytes. Centred frames in bfloat16 come centred already (x - m, exact)."""
     lead = frames.shape[:-3]
     flat = frames.reshape(-1, *frames.shape[-3:]).contiguous(memory_format=memory_format)
-    medians = frame_medians(flat, by_sort).view(*lead, -1).float() if centre else None
-    return Frames(flat.float().view(frames.shape), medians)
+    dtype = pixel_dtype(frames.device.type)
+    medians = frame_medians(flat, by_sort) if centre else None
+    if medians is not None and dtype == torch.bfloat16:   # in int16: a broadcast subtraction in bfloat16 is 3x slower
+        centred = flat.to(torch.int16)
+        centred.sub_(medians.to(torch.int16)[..., None, None])
+        pixels, medians = centred.to(dtype), None
+    else:
+        pixels = flat.to(dtype)
+    return Frames(pixels.view(frames.shape), None if medians is None else medians.view(*lead, -1).float())
 
 
 class FrameConv2d(nn.Conv2d):
@@ -93,9 +112,11 @@ class FrameConv2d(nn.Conv2d):
 
     (convolution is linear; conv(W_c, 1) is W_c's sum where there is no padding). The frames are read into
     float once (Frames), and no pass over them scales or centres them: on a 2-core CPU the centred input's two
-    broadcast passes cost the learner more than the convolution's forward pass (docs/speed.md). Float
-    input (the shape probe, vectors) is convolved as it comes. `centre` and `median_by_sort` are set by
-    the network that owns the layer (LBCNet)."""
+    broadcast passes cost the learner more than the convolution's forward pass (docs/speed.md). Under bf16
+    autocast the frames come centred already (x - m, exact in bfloat16; read_frames) and the convolution is a
+    plain one in bfloat16, where the form above would lose the frame's detail. Float input (the shape probe,
+    vectors) is convolved as it comes. `centre` and `median_by_sort` are set by the network that owns the
+    layer (LBCNet)."""
 
     centre = False
     median_by_sort = False   # lbc.export sets it: ONNX has no median
@@ -107,8 +128,7 @@ class FrameConv2d(nn.Conv2d):
             x = read_frames(x, self.centre, self.median_by_sort)
         if x.medians is None:
             return self._conv_forward(x.pixels, self.weight * (1.0 / 255.0), self.bias)
-        # in float32 even under bf16 autocast: the difference of two large terms would lose the frame's detail
-        with torch.autocast(x.pixels.device.type, enabled=False):
+        with torch.autocast(x.pixels.device.type, enabled=False):   # Frames read outside bf16 autocast
             w = self.weight.float() * (1.0 / 255.0)
             out = self._conv_forward(x.pixels, w, None if self.bias is None else self.bias.float())
             return out - torch.einsum("nc,cohw->nohw", x.medians, self._response_to_ones(w, x.shape[-2:]))

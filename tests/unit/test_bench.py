@@ -151,3 +151,22 @@ def test_the_precision_levers_measure_the_precision_the_preset_does_not_run_in()
     assert precision_lever(load_config("impala", [*cpu, "learner.precision=fp32", "actor.precision=bf16"])) == {
         "learner in bf16": ("learner", ["learner.precision=bf16"]),
         "actor in fp32": ("inference", ["actor.precision=fp32"])}
+
+
+def test_the_frame_read_bench_times_both_reads_and_leaves_the_bfloat16_read_in_place():
+    """bench.frame_read takes turns between the float32 read and the bfloat16 read (decision 65) and puts
+    lbc.nets.pixel_dtype back however it ends; each read's blocks time steps that really ran."""
+    import lbc.nets
+    from bench.frame_read import READS, interleaved
+
+    original = lbc.nets.pixel_dtype
+    seen: list[object] = []
+
+    def step() -> float:
+        seen.append(lbc.nets.pixel_dtype)
+        return 0.01
+
+    medians = interleaved(step, rounds=2, block_seconds=0.03)
+    assert set(medians) == set(READS) and all(abs(m - 0.01) < 1e-12 for m in medians.values())
+    assert seen.count(READS["float32 read"]) == seen.count(original) == 2 * (1 + 3)   # a warm-up step, then 3
+    assert lbc.nets.pixel_dtype is original

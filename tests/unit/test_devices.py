@@ -242,3 +242,37 @@ def test_bf16_acting_keeps_the_fp32_behaviour(preset):
         obs = result.obs
     envs.close()
     assert min(spread) < 1e-3 and max(spread) > 0.5, spread
+
+
+@pytest.mark.parametrize("preset", ["impala-cpu", "cpu"])
+def test_frames_read_into_bf16_give_the_loss_and_gradient_of_float32_frames(preset, monkeypatch):
+    """Decision 65: under bf16 autocast the learner reads uint8 frames straight into bfloat16 (lbc.nets.pixel_dtype),
+    one pass instead of a float32 copy that the first convolution then casts. Uncentred (impala-cpu) the
+    convolution sees the very values the cast gave, so the loss and gradient are the float32 read's exactly;
+    centred (cpu) the convolution of x - m now runs in bfloat16 where it ran in float32, so they agree to
+    bfloat16's precision (measured: terms within 0.8% relative, gradient cosine 0.9999)."""
+    import lbc.nets
+
+    cfg = load_config(preset, {"env": {"game": "breakout"}, "learner": {"batch_size": 4, "split_batch": 1,
+                                                                        "warmup_steps": 0, "precision": "bf16"}})
+    batch = _batch(cfg, np.random.default_rng(3))
+    batch["behaviour_prob"][:] = 1.0 / 18
+    torch.manual_seed(0)
+    trainer = Trainer(cfg)
+    results = []
+    for read_as_float32 in (True, False):   # the read before decision 65, then the read itself
+        if read_as_float32:
+            monkeypatch.setattr(lbc.nets, "pixel_dtype", lambda device_type: torch.float32)
+        else:
+            monkeypatch.undo()
+        trainer.model.zero_grad(set_to_none=True)
+        out = trainer._loss(batch)
+        out.total.backward()
+        results.append((out.terms.detach(), _flat_grad(trainer.model)))
+    (terms32, grad32), (terms16, grad16) = results
+    if preset == "impala-cpu":
+        assert torch.equal(terms16, terms32) and torch.equal(grad16, grad32)
+    else:
+        assert not torch.equal(grad16, grad32)   # the bfloat16 read did take the other path
+        assert torch.allclose(terms16, terms32, rtol=1e-2, atol=1e-4), (terms32, terms16)
+        assert float(torch.nn.functional.cosine_similarity(grad32, grad16, dim=0)) > 0.999

@@ -1,0 +1,113 @@
+"""The frames read straight into bfloat16 (decision 65) against the float32 read before it, on one core.
+
+Under bf16 autocast the first convolution computes in bfloat16; reading uint8 frames into float32 made it
+cast them again (and centred frames ran that convolution in float32). This measures both reads on the
+stages they act on, interleaved in blocks so that the machine's drift falls on both alike: CPU milliseconds
+per learner step (both threads with learner.prepare_ahead) and acting steps' samples per CPU second.
+Figures are printed, never asserted.
+
+    python -m bench.frame_read --preset impala --rounds 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+import lbc.nets
+from bench.throughput import (
+    _actor_parts,
+    _learner_batch,
+    _one_part_trainer,
+    _replay_keyed,
+    allocate_as_services,
+    expected_target_repeats,
+)
+from lbc.acting import CoreInputs, forward
+from lbc.behaviour import sample_actions
+from lbc.config import PRESETS, Config, load_config
+from lbc.devices import compute_precision
+
+READS: dict[str, Callable[[str], torch.dtype]] = {
+    "float32 read": lambda device_type: torch.float32,
+    "bfloat16 read": lbc.nets.pixel_dtype,
+}
+
+
+def learner_step(cfg: Config) -> Callable[[], float]:
+    """One training step of the preset's learner; returns its CPU seconds."""
+    batches = _replay_keyed(_learner_batch(cfg), expected_target_repeats(cfg))
+    trainer = _one_part_trainer(cfg)
+    state = [next(batches), next(batches)]
+
+    def step() -> float:
+        start = time.process_time()
+        trainer.train_step(*state)
+        state[:] = [state[1], next(batches)]
+        return time.process_time() - start
+    return step
+
+
+def acting_step(cfg: Config) -> Callable[[], float]:
+    """One acting step (forward, behaviour, sampling) of the actor's vector of games; returns its CPU seconds."""
+    obs, net, acting = _actor_parts(cfg)
+    inputs = CoreInputs.start(net, cfg.env.num_envs)
+    inputs.reset[:] = False
+
+    def step() -> float:
+        start = time.process_time()
+        out = forward(net, obs, inputs, acting.extra_inputs(acting.observe(obs, inputs.reset)))
+        sample_actions(acting.behaviour(out))
+        inputs.state = out.state
+        return time.process_time() - start
+    return step
+
+
+def interleaved(step: Callable[[], float], rounds: int, block_seconds: float) -> dict[str, float]:
+    """Median CPU seconds per step of each read, blocks of `block_seconds` taking turns."""
+    per_step: dict[str, list[float]] = {name: [] for name in READS}
+    try:
+        for _ in range(rounds):
+            for name, read in READS.items():
+                lbc.nets.pixel_dtype = read
+                step()   # the first step after the switch warms the allocator for the new dtype
+                spent, steps = 0.0, 0
+                while spent < block_seconds:
+                    spent += step()
+                    steps += 1
+                per_step[name].append(spent / steps)
+    finally:
+        lbc.nets.pixel_dtype = READS["bfloat16 read"]
+    return {name: statistics.median(times) for name, times in per_step.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    parser.add_argument("--game", default="pong")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--block-seconds", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    allocate_as_services("bench.frame_read")
+    torch.set_num_threads(1)
+    cfg = load_config(args.preset, [f"env.game={args.game}"])
+    cpu = torch.device("cpu")
+    print(f"preset {args.preset}, frames centred: {cfg.net.centre_frames}, learner in "
+          f"{compute_precision(cfg.learner.precision, cpu)}, actor in {compute_precision(cfg.actor.precision, cpu)} "
+          f"(fp32: both reads are float32); {args.rounds} rounds of {args.block_seconds:g} s blocks, one core")
+    learner = interleaved(learner_step(cfg), args.rounds, args.block_seconds)
+    samples = cfg.learner.batch_size * cfg.sequence.length
+    acting = interleaved(acting_step(cfg), args.rounds, args.block_seconds)
+    print(f"{'read':15} {'learner ms CPU/step':>20} {'learner samples/CPU-s':>22} {'acting samples/CPU-s':>21}")
+    for name in READS:
+        print(f"{name:15} {learner[name] * 1e3:20.1f} {samples / learner[name]:22,.0f} "
+              f"{cfg.env.num_envs / acting[name]:21,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
