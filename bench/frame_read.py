@@ -19,17 +19,8 @@ from collections.abc import Callable
 import torch
 
 import lbc.nets
-from bench.throughput import (
-    _actor_parts,
-    _learner_batch,
-    _one_part_trainer,
-    _replay_keyed,
-    allocate_as_services,
-    expected_target_repeats,
-)
-from lbc.acting import CoreInputs, forward
-from lbc.behaviour import sample_actions
-from lbc.config import PRESETS, Config, load_config
+from bench.throughput import acting_step, allocate_as_services, learner_step
+from lbc.config import PRESETS, load_config
 from lbc.devices import compute_precision
 
 READS: dict[str, Callable[[str], torch.dtype]] = {
@@ -38,37 +29,18 @@ READS: dict[str, Callable[[str], torch.dtype]] = {
 }
 
 
-def learner_step(cfg: Config) -> Callable[[], float]:
-    """One training step of the preset's learner; returns its CPU seconds."""
-    batches = _replay_keyed(_learner_batch(cfg), expected_target_repeats(cfg))
-    trainer = _one_part_trainer(cfg)
-    state = [next(batches), next(batches)]
-
-    def step() -> float:
+def cpu_timed(step: Callable[[], None]) -> Callable[[], float]:
+    """`step` returning the CPU seconds it took, every thread of the process counted (learner.prepare_ahead)."""
+    def timed() -> float:
         start = time.process_time()
-        trainer.train_step(*state)
-        state[:] = [state[1], next(batches)]
+        step()
         return time.process_time() - start
-    return step
-
-
-def acting_step(cfg: Config) -> Callable[[], float]:
-    """One acting step (forward, behaviour, sampling) of the actor's vector of games; returns its CPU seconds."""
-    obs, net, acting = _actor_parts(cfg)
-    inputs = CoreInputs.start(net, cfg.env.num_envs)
-    inputs.reset[:] = False
-
-    def step() -> float:
-        start = time.process_time()
-        out = forward(net, obs, inputs, acting.extra_inputs(acting.observe(obs, inputs.reset)))
-        sample_actions(acting.behaviour(out))
-        inputs.state = out.state
-        return time.process_time() - start
-    return step
+    return timed
 
 
 def interleaved(step: Callable[[], float], rounds: int, block_seconds: float) -> dict[str, float]:
-    """Median CPU seconds per step of each read, blocks of `block_seconds` taking turns."""
+    """Median seconds per step of each read, by what `step` returns (cpu_timed), blocks of `block_seconds`
+    taking turns."""
     per_step: dict[str, list[float]] = {name: [] for name in READS}
     try:
         for _ in range(rounds):
@@ -99,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"preset {args.preset}, frames centred: {cfg.net.centre_frames}, learner in "
           f"{compute_precision(cfg.learner.precision, cpu)}, actor in {compute_precision(cfg.actor.precision, cpu)} "
           f"(fp32: both reads are float32); {args.rounds} rounds of {args.block_seconds:g} s blocks, one core")
-    learner = interleaved(learner_step(cfg), args.rounds, args.block_seconds)
+    learner = interleaved(cpu_timed(learner_step(cfg)[1]), args.rounds, args.block_seconds)
     samples = cfg.learner.batch_size * cfg.sequence.length
-    acting = interleaved(acting_step(cfg), args.rounds, args.block_seconds)
+    acting = interleaved(cpu_timed(acting_step(cfg)), args.rounds, args.block_seconds)
     print(f"{'read':15} {'learner ms CPU/step':>20} {'learner samples/CPU-s':>22} {'acting samples/CPU-s':>21}")
     for name in READS:
         print(f"{name:15} {learner[name] * 1e3:20.1f} {samples / learner[name]:22,.0f} "

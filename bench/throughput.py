@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -85,19 +85,27 @@ def _actor_parts(cfg: Config) -> tuple[np.ndarray, torch.nn.Module, Acting]:
     return obs, policy_net(agent), acting
 
 
-def inference_rate(cfg: Config, seconds: float) -> float:
-    """The actor's acting step (lbc.acting.forward, the behaviour, sampling) on one real observation."""
+def acting_step(cfg: Config) -> Callable[[], None]:
+    """The actor's acting step (lbc.acting.forward, the behaviour, sampling) on one real observation, each call
+    one step of the vector of games, its recurrent state carried on."""
     obs, net, acting = _actor_parts(cfg)
-    b = cfg.env.num_envs
-    inputs = CoreInputs.start(net, b)
+    inputs = CoreInputs.start(net, cfg.env.num_envs)
     inputs.reset[:] = False
-    samples, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        fields = acting.observe(obs, inputs.reset)
-        out = forward(net, obs, inputs, acting.extra_inputs(fields))
+
+    def step() -> None:
+        out = forward(net, obs, inputs, acting.extra_inputs(acting.observe(obs, inputs.reset)))
         sample_actions(acting.behaviour(out))
         inputs.state = out.state
-        samples += b
+    return step
+
+
+def inference_rate(cfg: Config, seconds: float) -> float:
+    """Samples per second of the actor's acting step (acting_step)."""
+    step = acting_step(cfg)
+    samples, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        step()
+        samples += cfg.env.num_envs
     return samples / (time.perf_counter() - start)
 
 
@@ -195,21 +203,31 @@ def _one_part_trainer(cfg: Config) -> Trainer:
     return Trainer(cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"split_batch": 1})}))
 
 
-def learner_rate(cfg: Config, seconds: float) -> float:
-    """Learning samples per second of one core: batch x learning length per step (burn-in is extra work, not
-    counted). With a target network, its outputs are kept for the share of sequences replay would draw again
-    (expected_target_repeats). With learner.prepare_ahead a CPU learner prepares each next batch in a second
-    thread, and the rate is per second of CPU time over both threads (the ceiling counts cores); a GPU
-    learner's is per second of wall clock either way."""
+def learner_step(cfg: Config) -> tuple[Trainer, Callable[[], None]]:
+    """The preset's learner on one core (_one_part_trainer) and one training step of it per call, on batches as
+    replay sends them; with a target network its outputs kept for the share of sequences replay would draw
+    again (expected_target_repeats)."""
     batches = _replay_keyed(_learner_batch(cfg), expected_target_repeats(cfg))
     trainer = _one_part_trainer(cfg)
+    pair = [next(batches), next(batches)]   # the batch and the one after it (learner.prepare_ahead reads it)
+
+    def step() -> None:
+        trainer.train_step(*pair)
+        pair[:] = [pair[1], next(batches)]
+    return trainer, step
+
+
+def learner_rate(cfg: Config, seconds: float) -> float:
+    """Learning samples per second of one core: batch x learning length per step (burn-in is extra work, not
+    counted), by learner_step. With learner.prepare_ahead a CPU learner prepares each next batch in a second
+    thread, and the rate is per second of CPU time over both threads (the ceiling counts cores); a GPU
+    learner's is per second of wall clock either way."""
+    trainer, step = learner_step(cfg)
     clock = time.process_time if cfg.learner.prepare_ahead and trainer.device.type == "cpu" else time.perf_counter
-    batch, upcoming = next(batches), next(batches)
-    trainer.train_step(batch, upcoming)   # warm-up (train_step ignores upcoming without prepare_ahead)
+    step()   # warm-up
     steps, start, wall = 0, clock(), time.perf_counter()
     while time.perf_counter() - wall < seconds:
-        batch, upcoming = upcoming, next(batches)
-        trainer.train_step(batch, upcoming)
+        step()
         steps += 1
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
