@@ -1,10 +1,12 @@
-"""The frames read straight into bfloat16 (decision 65) against the float32 read before it, on one core.
+"""How the learner and the actors read frames, each way against the others, on one core.
 
-Under bf16 autocast the first convolution computes in bfloat16; reading uint8 frames into float32 made it
-cast them again (and centred frames ran that convolution in float32). This measures both reads on the
-stages they act on, interleaved in blocks so that the machine's drift falls on both alike: CPU milliseconds
-per learner step (both threads with learner.prepare_ahead) and acting steps' samples per CPU second.
-Figures are printed, never asserted.
+Three reads: float32 pixels from the uint8 stacks (before decision 65); bfloat16 pixels under bf16 autocast,
+which the first convolution computes in anyway (decision 65); and bfloat16 pixels read straight from a batch's
+single frames, each frame read once and the stacks written once in the torso's layout (decision 66), where the
+learner built the uint8 stacks first and read those. This measures them on the stages they act on, interleaved in
+blocks so that the machine's drift falls on all alike: CPU milliseconds per learner step (both threads with
+learner.prepare_ahead) and acting steps' samples per CPU second (actors read the games' own stacks, so the last
+two reads are the same code there: their difference is the noise). Figures are printed, never asserted.
 
     python -m bench.frame_read --preset impala --rounds 8
 """
@@ -14,7 +16,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -22,10 +25,28 @@ import lbc.nets
 from bench.throughput import acting_step, allocate_as_services, learner_step
 from lbc.config import PRESETS, load_config
 from lbc.devices import compute_precision
+from lbc.sequences import observations
 
-READS: dict[str, Callable[[str], torch.dtype]] = {
-    "float32 read": lambda device_type: torch.float32,
-    "bfloat16 read": lbc.nets.pixel_dtype,
+
+def _stacks_first(net: lbc.nets.LBCNet, b: Mapping[str, torch.Tensor]) -> torch.Tensor | lbc.nets.Frames:
+    """The learner's read before decision 66: the batch's uint8 stacks built, then read."""
+    return net.torso_input(observations(b))
+
+
+@dataclass(frozen=True)
+class Read:
+    pixel_dtype: Callable[[str], torch.dtype]
+    sequence_input: Callable[[lbc.nets.LBCNet, Mapping[str, torch.Tensor]], torch.Tensor | lbc.nets.Frames]
+
+    def install(self) -> None:
+        lbc.nets.pixel_dtype = self.pixel_dtype
+        lbc.nets.LBCNet.sequence_input = self.sequence_input
+
+
+READS: dict[str, Read] = {
+    "float32 stacks": Read(lambda device_type: torch.float32, _stacks_first),
+    "bfloat16 stacks": Read(lbc.nets.pixel_dtype, _stacks_first),
+    "bfloat16 frames": Read(lbc.nets.pixel_dtype, lbc.nets.LBCNet.sequence_input),
 }
 
 
@@ -45,15 +66,15 @@ def interleaved(step: Callable[[], float], rounds: int, block_seconds: float) ->
     try:
         for _ in range(rounds):
             for name, read in READS.items():
-                lbc.nets.pixel_dtype = read
-                step()   # the first step after the switch warms the allocator for the new dtype
+                read.install()
+                step()   # the first step after the switch warms the allocator for the new read
                 spent, steps = 0.0, 0
                 while spent < block_seconds:
                     spent += step()
                     steps += 1
                 per_step[name].append(spent / steps)
     finally:
-        lbc.nets.pixel_dtype = READS["bfloat16 read"]
+        READS["bfloat16 frames"].install()
     return {name: statistics.median(times) for name, times in per_step.items()}
 
 
@@ -70,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu = torch.device("cpu")
     print(f"preset {args.preset}, frames centred: {cfg.net.centre_frames}, learner in "
           f"{compute_precision(cfg.learner.precision, cpu)}, actor in {compute_precision(cfg.actor.precision, cpu)} "
-          f"(fp32: both reads are float32); {args.rounds} rounds of {args.block_seconds:g} s blocks, one core")
+          f"(fp32: every read is float32); {args.rounds} rounds of {args.block_seconds:g} s blocks, one core")
     learner = interleaved(cpu_timed(learner_step(cfg)[1]), args.rounds, args.block_seconds)
     samples = cfg.learner.batch_size * cfg.sequence.length
     acting = interleaved(cpu_timed(acting_step(cfg)), args.rounds, args.block_seconds)

@@ -7,7 +7,7 @@ one linear layer of N * (|A| + 1) outputs (see docs/decisions.md: shared torso).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +19,7 @@ from lbc.lstm_bptt import EPS as LN_EPS
 from lbc.lstm_bptt import GraphCache, forward_by_graphs, ln_lstm_steps_bptt
 from lbc.ngu_nets import NguAgent, NguAux
 from lbc.recycling import Link, dormant_scores, recycle, unit_activity
+from lbc.sequences import observations, stack_keep
 from lbc.torsos import resolve_torso, torso_problem
 
 
@@ -103,6 +104,51 @@ def read_frames(frames: torch.Tensor, centre: bool, by_sort: bool = False,
     else:
         pixels = flat.to(dtype)
     return Frames(pixels.view(frames.shape), None if medians is None else medians.view(*lead, -1).float())
+
+
+def read_frame_sequences(frames: torch.Tensor, stack_start: torch.Tensor, centre: bool, by_sort: bool = False,
+                         memory_format: torch.memory_format = torch.contiguous_format) -> Frames:
+    """A time-major batch's single frames (lbc.sequences: frames [T + S - 1, B, H, W] uint8, stack_start [T, B])
+    read as Frames [T, B, S, H, W] of the stacks they stand for, the same values and layout as
+    read_frames(stacked_frames(...)) gives:
+
+        pixels[t, b, k] = read(frames[t + k, b])   where stack_keep, else 0   (medians likewise)
+
+    Each frame is read (converted, its median taken, centred) once rather than in each of the S stacks that hold
+    it, and the stacks are written once, straight into `memory_format`: on a 2-core CPU the stacked path's passes
+    over S times the frames (a channels-last copy of the uint8 stacks, per-stack medians and a subtraction in
+    that layout) cost 20-47 ms a batch of 496-672 observations on one core (docs/speed.md, decision 66)."""
+    steps = stack_start.shape[0]
+    stack = frames.shape[0] - steps + 1
+    dtype = pixel_dtype(frames.device.type)
+    medians = frame_medians(frames, by_sort) if centre else None   # [T + S - 1, B]: each frame's
+    if medians is not None and dtype == torch.bfloat16:   # x - m, exact in bfloat16 (read_frames)
+        pixels = frames.to(torch.int16)
+        pixels.sub_(medians.to(torch.int16)[..., None, None])
+        pixels, medians = pixels.to(dtype), None
+    else:
+        pixels = frames.to(dtype)
+    batch, height, width = frames.shape[1:]
+    if memory_format == torch.channels_last:
+        out = torch.empty((steps, batch, height, width, stack), dtype=dtype, device=frames.device)
+        out = out.permute(0, 1, 4, 2, 3)
+    else:
+        out = torch.empty((steps, batch, stack, height, width), dtype=dtype, device=frames.device)
+    keep = stack_keep(stack_start.transpose(0, 1), stack).transpose(0, 1)   # [T, B, S]
+    if frames.device.type == "cpu":
+        # copies, then zeros where a stack started afresh (a few observations a batch): on a CPU a multiply by
+        # the mask in the strided layout costs 3x the copy; on a GPU, reading where (nonzero) would wait for it
+        for k in range(stack):
+            out[:, :, k].copy_(pixels[k:k + steps])
+        t, b, k = keep.logical_not().nonzero(as_tuple=True)
+        out[t, b, k] = 0
+    else:
+        mask = keep.to(dtype)[..., None, None]
+        for k in range(stack):
+            torch.mul(pixels[k:k + steps], mask[:, :, k], out=out[:, :, k])
+    if medians is not None:
+        medians = medians.unfold(0, stack, 1).float() * keep   # [T, B, S]
+    return Frames(out, medians)
 
 
 class FrameConv2d(nn.Conv2d):
@@ -475,6 +521,14 @@ class LBCNet(nn.Module):
         flat = obs.reshape(-1, *self.obs_shape)
         return pixels_to_input(flat, self.centre_frames, self.median_by_sort).view(obs.shape)
 
+    def sequence_input(self, b: Mapping[str, torch.Tensor]) -> torch.Tensor | Frames:
+        """What the torso is given for a time-major batch's observations: torso_input's, read straight from the
+        batch's single frames where it carries them and the torso convolves (read_frame_sequences)."""
+        if "frames" in b and isinstance(self.torso, _ConvTorso):
+            return read_frame_sequences(b["frames"], b["stack_start"], self.centre_frames, self.median_by_sort,
+                                        self.torso.memory_format)
+        return self.torso_input(observations(b))
+
     def torso_dead_units(self, frames: torch.Tensor) -> dict[str, float]:
         """dead_units of the torso on uint8 frames [M, *obs_shape]."""
         return dead_units(self.torso, self.torso_input(frames))
@@ -548,8 +602,9 @@ class LBCNet(nn.Module):
 def unroll_after_burn_in(net: LBCNet, frames: torch.Tensor | Frames, b: dict[str, torch.Tensor], burn: int,
                          grad: bool, extra: torch.Tensor | None = None) -> NetOutput:
     """The network's outputs over a stored sequence's learning steps [burn:], after `burn` burn-in steps from
-    its stored LSTM state (b["h0"], b["c0"]) with no gradient (R2D2's burn-in). frames: b["obs"], or as the
-    net's torso_input read them (the learner reads a batch once for its online and target networks)."""
+    its stored LSTM state (b["h0"], b["c0"]) with no gradient (R2D2's burn-in). frames: the batch's observations
+    [T, B, ...], or as the net's sequence_input read them (the learner reads a batch once for its online and target
+    networks)."""
     inputs = (frames, b["prev_action"].long(), b["prev_reward"], b["reset"])
     state = (b["h0"], b["c0"])
     if burn > 0:

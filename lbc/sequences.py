@@ -159,17 +159,31 @@ def stacked_frames(frames: torch.Tensor, stack_start: torch.Tensor, time_major: 
     return torch.mul(windows, mask, out=torch.empty(windows.shape, dtype=frames.dtype, device=frames.device))
 
 
+def stack_keep(stack_start: torch.Tensor, stack: int) -> torch.Tensor:
+    """[B, T, S] bool: which channels of each observation hold a frame of its own stack (stacked_frames' condition
+    t - (S - 1 - k) >= r(b, t)); the others are the zeros before a stack that started afresh."""
+    steps = stack_start.shape[1]
+    t = torch.arange(steps, device=stack_start.device)
+    last_start = torch.where(stack_start, t, -stack).cummax(dim=1).values                # [B, T]; -S: none
+    frame_step = t[:, None] - (stack - 1) + torch.arange(stack, device=stack_start.device)  # [T, S]
+    return frame_step >= last_start[..., None]
+
+
 def _windows_and_mask(frames: torch.Tensor, stack_start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """stacked_frames' two factors: the frames' windows [B, T, S, ...] (a view) and the keep mask [B, T, S, 1...]
     in the frames' dtype."""
-    batch, steps = stack_start.shape
-    stack = frames.shape[1] - steps + 1
-    t = torch.arange(steps, device=frames.device)
-    last_start = torch.where(stack_start, t, -stack).cummax(dim=1).values                # [B, T]; -S: none
-    frame_step = t[:, None] - (stack - 1) + torch.arange(stack, device=frames.device)     # [T, S]
-    keep = frame_step >= last_start[..., None]                                            # [B, T, S]
+    stack = frames.shape[1] - stack_start.shape[1] + 1
+    keep = stack_keep(stack_start, stack)                                                 # [B, T, S]
     windows = frames.unfold(1, stack, 1).movedim(-1, 2)                                   # [B, T, S, ...]
     return windows, keep.view(*keep.shape, *([1] * (frames.dim() - 2))).to(frames.dtype)
+
+
+def observations(b: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """A time-major batch's observations [T, B, *obs_shape]: its obs, or rebuilt from its single frames
+    (frames [T + S - 1, B, ...], stack_start [T, B]) by stacked_frames."""
+    if "frames" not in b:
+        return b["obs"]
+    return stacked_frames(b["frames"].transpose(0, 1), b["stack_start"].transpose(0, 1), time_major=True)
 
 
 def observations_at(batch: Mapping[str, np.ndarray], rows: np.ndarray, steps: np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@ from lbc.config import Config, LearnerConfig
 from lbc.devices import compute_precision, pick_device, to_device, to_host, wait_for_gpu
 from lbc.envs import env_spec
 from lbc.nets import LayerNormLSTM, LBCNet, build_agent, policy_net
-from lbc.sequences import observations_at, stacked_frames
+from lbc.sequences import observations_at
 from learner_svc.replicas import ReplicaGroup
 
 PREPARED_AHEAD = Counter("lbc_learner_batches_prepared_ahead_total", "Steps whose batch was prepared while the step "
@@ -50,15 +50,13 @@ ON_HOST = ("param_version", "key")
 
 def to_time_major(batch: dict[str, np.ndarray], device: torch.device = CPU) -> dict[str, torch.Tensor]:
     """[B, T, ...] numpy arrays to [T, B, ...] tensors on `device` (replay's keys and versions on the host);
-    h0/c0 stay [B, H]. A batch of single frames (lbc.sequences) gets its observations' stacks back as "obs",
-    built on `device` from a quarter of the bytes."""
+    h0/c0 stay [B, H]. A batch of single frames (lbc.sequences) stays one: frames [T + S - 1, B, ...] and
+    stack_start [T, B], a quarter of the bytes; the networks read their stacks from them (LBCNet.sequence_input,
+    lbc.sequences.observations)."""
     out: dict[str, torch.Tensor] = {}
     for name, arr in batch.items():
         t = to_device(arr, CPU if name in ON_HOST else device)
         out[name] = t if name in PER_SEQUENCE else t.transpose(0, 1)
-    if "frames" in out:
-        frames, starts = out.pop("frames"), out.pop("stack_start")
-        out["obs"] = stacked_frames(frames.transpose(0, 1), starts.transpose(0, 1), time_major=True)
     return out
 
 

@@ -93,7 +93,7 @@ class LbcLoss:
         return mixture.unsqueeze(2).expand_as(adv), None
 
     def prepare(self, model: LBCNet, b: dict[str, torch.Tensor]) -> Prepared:
-        frames = model.torso_input(b["obs"])   # read once for both networks
+        frames = model.sequence_input(b)   # read once for both networks
         target = None if self.target is None else target_outputs(self.target, frames, b, self.cfg.sequence.burn_in,
                                                                  self.target_cache)
         return Prepared(b, frames, None, target, self.target_version)

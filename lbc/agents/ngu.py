@@ -26,6 +26,7 @@ from lbc.ngu import IntrinsicRewards, core_inputs, environment_epsilons, environ
 from lbc.ngu_nets import NguAux
 from lbc.psi import psi_width
 from lbc.rewards import REWARD_SHAPING
+from lbc.sequences import observations
 from lbc.target_cache import make_target_cache, target_outputs
 
 
@@ -114,7 +115,7 @@ class NguLoss:
 
     def prepare(self, model: LBCNet, b: dict[str, torch.Tensor]) -> Prepared:
         extra = core_inputs(b["mixture"], b["prev_intrinsic"], self.cfg.ngu.num_mixtures)
-        frames = model.torso_input(b["obs"])   # read once for both networks
+        frames = model.sequence_input(b)   # read once for both networks
         target = target_outputs(self.target, frames, b, self.cfg.sequence.burn_in, self.target_cache, extra)
         return Prepared(b, frames, extra, target, self.target_version)
 
@@ -138,7 +139,7 @@ class NguLoss:
 
         # auxiliary networks: the triplets (x_t, a_t, x_{t+1}) of the last aux_steps steps
         k, steps = ng.aux_steps, self.cfg.sequence.length
-        obs = b["obs"][burn:]
+        obs = observations(b)[burn:]
         frames = obs.shape[2:]
         inverse, rnd = self.aux.loss(obs[steps - k:steps].reshape(-1, *frames),
                                      obs[steps - k + 1:steps + 1].reshape(-1, *frames),

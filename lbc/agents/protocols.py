@@ -54,7 +54,7 @@ class Prepared(NamedTuple):
     Loss.prepare, possibly in another thread while the step before trains (learner.prepare_ahead)."""
 
     batch: dict[str, torch.Tensor]      # time-major [T, B, ...]; h0/c0 [B, H]
-    frames: torch.Tensor | Frames       # batch["obs"] as the torso reads it (LBCNet.torso_input)
+    frames: torch.Tensor | Frames       # the batch's observations as the torso reads them (LBCNet.sequence_input)
     extra: torch.Tensor | None          # the family's extra network inputs [T, B, X], or None
     target: Outputs | None              # the target network's (adv, value) over the learning steps, or None
     target_version: int                 # the loss's target_version when the target outputs were computed

@@ -67,7 +67,8 @@ def test_the_learner_recomputes_the_actors_behaviour_probabilities(preset, game)
     burn, k = cfg.sequence.burn_in, cfg.num_components
     with torch.no_grad():
         state = (b["h0"], b["c0"])
-        inputs = [b["obs"], b["prev_action"].long(), b["prev_reward"], b["reset"]]
+        # the stacks as the learner reads them, straight from the single frames (LBCNet.sequence_input)
+        inputs = [net.sequence_input(b), b["prev_action"].long(), b["prev_reward"], b["reset"]]
         adv = []
         for part in (slice(0, burn), slice(burn, None)):
             if part.stop == 0:

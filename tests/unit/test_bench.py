@@ -153,20 +153,23 @@ def test_the_precision_levers_measure_the_precision_the_preset_does_not_run_in()
         "actor in fp32": ("inference", ["actor.precision=fp32"])}
 
 
-def test_the_frame_read_bench_times_both_reads_and_leaves_the_bfloat16_read_in_place():
-    """bench.frame_read takes turns between the float32 read and the bfloat16 read (decision 65) and puts
-    lbc.nets.pixel_dtype back however it ends; each read's blocks time steps that really ran."""
+def test_the_frame_read_bench_times_every_read_and_leaves_the_current_read_in_place():
+    """bench.frame_read takes turns between the reads (float32 and bfloat16 stacks, decision 65; bfloat16 from
+    single frames, decision 66) and puts lbc.nets.pixel_dtype and LBCNet.sequence_input back however it ends;
+    each read's blocks time steps that really ran, with that read installed."""
     import lbc.nets
     from bench.frame_read import READS, interleaved
 
-    original = lbc.nets.pixel_dtype
-    seen: list[object] = []
+    original = lbc.nets.pixel_dtype, lbc.nets.LBCNet.sequence_input
+    seen: list[tuple[object, object]] = []
 
     def step() -> float:
-        seen.append(lbc.nets.pixel_dtype)
+        seen.append((lbc.nets.pixel_dtype, lbc.nets.LBCNet.sequence_input))
         return 0.01
 
     medians = interleaved(step, rounds=2, block_seconds=0.03)
     assert set(medians) == set(READS) and all(abs(m - 0.01) < 1e-12 for m in medians.values())
-    assert seen.count(READS["float32 read"]) == seen.count(original) == 2 * (1 + 3)   # a warm-up step, then 3
-    assert lbc.nets.pixel_dtype is original
+    for read in READS.values():   # a warm-up step, then 3, in each of 2 rounds
+        assert seen.count((read.pixel_dtype, read.sequence_input)) == 2 * (1 + 3)
+    assert len(set(seen)) == 3 and READS["bfloat16 frames"].sequence_input is original[1]
+    assert (lbc.nets.pixel_dtype, lbc.nets.LBCNet.sequence_input) == original

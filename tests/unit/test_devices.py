@@ -276,3 +276,39 @@ def test_frames_read_into_bf16_give_the_loss_and_gradient_of_float32_frames(pres
         assert not torch.equal(grad16, grad32)   # the bfloat16 read did take the other path
         assert torch.allclose(terms16, terms32, rtol=1e-2, atol=1e-4), (terms32, terms16)
         assert float(torch.nn.functional.cosine_similarity(grad32, grad16, dim=0)) > 0.999
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("preset", ["impala", "cpu"])
+def test_stacks_read_from_single_frames_give_the_loss_and_gradient_of_the_stacks_read(preset, precision, monkeypatch):
+    """The learner reads a batch's stacks straight from its single frames (LBCNet.sequence_input,
+    lbc.nets.read_frame_sequences) instead of building the uint8 stacks and reading those: the first convolution
+    sees the same values in the same layout, so the loss terms and the gradient are the stacked read's exactly,
+    centred (cpu, its target network unrolled both times) or not (impala), in float32 and in bfloat16."""
+    from lbc.nets import LBCNet
+    from lbc.sequences import observations
+
+    cfg = load_config(preset, {"env": {"game": "breakout"}, "learner": {"batch_size": 4, "split_batch": 1,
+                                                                        "warmup_steps": 0, "precision": precision}})
+    rng = np.random.default_rng(3)
+    batch = _batch(cfg, rng)
+    batch["frames"] = rng.integers(0, 256, batch["frames"].shape).astype(np.uint8)
+    batch["frames"][:, :, ::3] = 87   # a background for the medians
+    batch["stack_start"][0, 0] = batch["stack_start"][1, 5] = batch["stack_start"][2, -2] = True
+    batch["behaviour_prob"][:] = 1.0 / 18
+    torch.manual_seed(0)
+    trainer = Trainer(cfg)
+    results = []
+    for stacks_first in (True, False):   # the read before, then the read from single frames
+        if stacks_first:
+            monkeypatch.setattr(LBCNet, "sequence_input", lambda net, b: net.torso_input(observations(b)))
+        else:
+            monkeypatch.undo()
+        if trainer.loss.target_cache is not None:
+            trainer.loss.target_cache.clear()   # the target network unrolls on each read, not from the first's
+        trainer.model.zero_grad(set_to_none=True)
+        out = trainer._loss(batch)
+        out.total.backward()
+        results.append((out.terms.detach(), _flat_grad(trainer.model)))
+    (terms_stacked, grad_stacked), (terms, grad) = results
+    assert torch.equal(terms, terms_stacked) and torch.equal(grad, grad_stacked)

@@ -293,6 +293,40 @@ def test_frames_read_under_bf16_autocast_are_the_exact_pixels_in_bfloat16(torso,
     assert plain.pixels.dtype == torch.float32 and (plain.medians is not None) == centre
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a visible GPU"))])
+@pytest.mark.parametrize("centre", [False, True])
+def test_single_frames_read_straight_into_stacks_are_the_stacks_read(centre, device):
+    """read_frame_sequences gives what read_frames gives for the stacks stacked_frames rebuilds: the same pixels
+    (bfloat16 under bf16 autocast, else float32) and medians, exactly, in the same memory layout, on sequences
+    whose stacks start afresh at the first observation, in the middle and at the last one (their older channels
+    zeros, the previous game's frames not leaking in), for the CPU's path and the GPU's."""
+    from lbc.nets import frame_medians, read_frame_sequences, read_frames
+    from lbc.sequences import stacked_frames
+    torch.manual_seed(0)
+    steps, batch, stack = 9, 5, 4
+    frames = torch.randint(0, 256, (batch, steps + stack - 1, 84, 84), dtype=torch.uint8)
+    frames[:, :, ::3] = 87   # a background for the medians
+    starts = torch.zeros(batch, steps, dtype=torch.bool)
+    starts[0, 0] = starts[1, 4] = starts[2, steps - 1] = starts[3, 2] = starts[3, 3] = True
+    frames_t, starts_t = frames.transpose(0, 1).to(device), starts.transpose(0, 1).to(device)   # time-major
+    stacks = stacked_frames(frames.to(device), starts.to(device), time_major=True)
+    assert (stacks[4, 1, :3] == 0).all() and (stacks[5, 1, :2] == 0).all() and (stacks[5, 1, 2:] != 0).any()
+    for bf16 in (False, True):
+        for layout in (torch.contiguous_format, torch.channels_last):
+            with torch.autocast(device, torch.bfloat16, enabled=bf16):
+                want = read_frames(stacks, centre, memory_format=layout)
+                got = read_frame_sequences(frames_t, starts_t, centre, memory_format=layout)
+            assert got.pixels.dtype == want.pixels.dtype == (torch.bfloat16 if bf16 else torch.float32)
+            assert got.shape == want.shape == (steps, batch, stack, 84, 84)
+            assert torch.equal(got.pixels, want.pixels), (bf16, layout)
+            assert got.pixels[0].is_contiguous(memory_format=layout)
+            assert (got.medians is None) == (want.medians is None) == (bf16 or not centre)
+            if got.medians is not None:
+                assert torch.equal(got.medians, want.medians)
+                assert torch.equal(got.medians[0, 2], frame_medians(stacks[0, 2].cpu()[None]).to(device)[0])
+
+
 def test_feedforward_core_reads_the_frame_alone():
     """IMPALA's feed-forward network: each step's heads are a function of that step's frames only (no
     previous action or reward, no memory), and the recurrent state a caller passes comes back untouched."""

@@ -7,8 +7,9 @@ import torch
 from actor_svc.sequencer import SequenceBuilder
 from lbc.config import load_config
 from lbc.envs import make_envs
+from lbc.nets import build_net
 from lbc.psi import psi_width
-from lbc.sequences import observations_at, sequence_fields, sequence_layout, stack, stacked_frames
+from lbc.sequences import observations, observations_at, sequence_fields, sequence_layout, stack, stacked_frames
 from learner_svc.training import to_time_major
 
 
@@ -98,9 +99,14 @@ def test_the_learner_rebuilds_every_stack_the_actor_saw_across_game_starts(prese
     envs.close()
     assert ended >= 3, "the stream must cross game starts"
     b = to_time_major(stack(sequences))
+    obs = observations(b)
     per_sequence = cfg.sequence.total + 1
     # sequence i of env e starts at observation (i // num_envs) * length
     for i in range(len(sequences)):
         start = (i // num_envs) * cfg.sequence.length
         want = np.stack([seen[start + t][i % num_envs] for t in range(per_sequence)])
-        np.testing.assert_array_equal(b["obs"][:, i].numpy(), want)
+        np.testing.assert_array_equal(obs[:, i].numpy(), want)
+    # the network reads the same stacks straight from the frames (LBCNet.sequence_input)
+    net = build_net(cfg, envs.spec.obs_shape, envs.spec.num_actions).set_channels_last(True)
+    read, want = net.sequence_input(b), net.torso_input(obs)
+    assert torch.equal(read.pixels, want.pixels) and read.pixels.stride() == want.pixels.stride()
