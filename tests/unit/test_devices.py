@@ -279,17 +279,19 @@ def test_frames_read_into_bf16_give_the_loss_and_gradient_of_float32_frames(pres
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("preset", ["impala", "cpu"])
+@pytest.mark.parametrize("preset", ["impala", "cpu", "ngu"])
 def test_stacks_read_from_single_frames_give_the_loss_and_gradient_of_the_stacks_read(preset, precision, monkeypatch):
     """The learner reads a batch's stacks straight from its single frames (LBCNet.sequence_input,
     lbc.nets.read_frame_sequences) instead of building the uint8 stacks and reading those: the first convolution
     sees the same values in the same layout, so the loss terms and the gradient are the stacked read's exactly,
-    centred (cpu, its target network unrolled both times) or not (impala), in float32 and in bfloat16."""
+    centred (cpu, its target network unrolled both times) or not (impala; NGU, whose auxiliary networks read the
+    stacks lbc.sequences.observations rebuilds), in float32 and in bfloat16."""
     from lbc.nets import LBCNet
     from lbc.sequences import observations
 
-    cfg = load_config(preset, {"env": {"game": "breakout"}, "learner": {"batch_size": 4, "split_batch": 1,
-                                                                        "warmup_steps": 0, "precision": precision}})
+    small = {"net": {"torso": "small"}, "sequence": {"burn_in": 2, "length": 5}} if preset == "ngu" else {}
+    cfg = load_config(preset, deep_merge(small, {"env": {"game": "breakout"}, "learner": {
+        "batch_size": 4, "split_batch": 1, "warmup_steps": 0, "precision": precision}}))
     rng = np.random.default_rng(3)
     batch = _batch(cfg, rng)
     batch["frames"] = rng.integers(0, 256, batch["frames"].shape).astype(np.uint8)
