@@ -95,15 +95,19 @@ def read_frames(frames: torch.Tensor, centre: bool, by_sort: bool = False,
     frames, a quarter of the float's bytes. Centred frames in bfloat16 come centred already (x - m, exact)."""
     lead = frames.shape[:-3]
     flat = frames.reshape(-1, *frames.shape[-3:]).contiguous(memory_format=memory_format)
-    dtype = pixel_dtype(frames.device.type)
-    medians = frame_medians(flat, by_sort) if centre else None
-    if medians is not None and dtype == torch.bfloat16:   # in int16: a broadcast subtraction in bfloat16 is 3x slower
-        centred = flat.to(torch.int16)
-        centred.sub_(medians.to(torch.int16)[..., None, None])
-        pixels, medians = centred.to(dtype), None
-    else:
-        pixels = flat.to(dtype)
+    pixels, medians = _pixels(flat, frame_medians(flat, by_sort) if centre else None)
     return Frames(pixels.view(frames.shape), None if medians is None else medians.view(*lead, -1).float())
+
+
+def _pixels(frames: torch.Tensor, medians: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """uint8 frames [..., H, W] in pixel_dtype, and the medians [...] the first convolution still has to fold in:
+    in bfloat16 centred frames come as x - m (exact there) and no medians are left."""
+    dtype = pixel_dtype(frames.device.type)
+    if medians is None or dtype != torch.bfloat16:
+        return frames.to(dtype), medians
+    centred = frames.to(torch.int16)   # in int16: a broadcast subtraction in bfloat16 is 3x slower
+    centred.sub_(medians.to(torch.int16)[..., None, None])
+    return centred.to(dtype), None
 
 
 def read_frame_sequences(frames: torch.Tensor, stack_start: torch.Tensor, centre: bool, by_sort: bool = False,
@@ -120,14 +124,9 @@ def read_frame_sequences(frames: torch.Tensor, stack_start: torch.Tensor, centre
     that layout) cost 20-47 ms a batch of 496-672 observations on one core (docs/speed.md, decision 66)."""
     steps = stack_start.shape[0]
     stack = frames.shape[0] - steps + 1
-    dtype = pixel_dtype(frames.device.type)
-    medians = frame_medians(frames, by_sort) if centre else None   # [T + S - 1, B]: each frame's
-    if medians is not None and dtype == torch.bfloat16:   # x - m, exact in bfloat16 (read_frames)
-        pixels = frames.to(torch.int16)
-        pixels.sub_(medians.to(torch.int16)[..., None, None])
-        pixels, medians = pixels.to(dtype), None
-    else:
-        pixels = frames.to(dtype)
+    # each frame's median [T + S - 1, B]
+    pixels, medians = _pixels(frames, frame_medians(frames, by_sort) if centre else None)
+    dtype = pixels.dtype
     batch, height, width = frames.shape[1:]
     if memory_format == torch.channels_last:
         out = torch.empty((steps, batch, height, width, stack), dtype=dtype, device=frames.device)
