@@ -1,35 +1,52 @@
 #!/usr/bin/env bash
-# What a lent GPU machine is for (issue 11, docs/speed.md), in one run of under 10 minutes, figures printed:
-#   1. the tests that need a GPU (pinned batches, stacks rebuilt from single frames, the copy stream, the recurrence as CUDA graphs and compiled,
-#      a step's one wait for the device, the fused AdamW), the compiled ones last (a fresh machine compiles);
-#   2. the whole system as the preset with 12, 14 and 16 actors (the CPU by service for 16), each line saying which side of replay's rate
-#      limiter waits on the other: on the H100 of session 27 the learner ran at half its rate alone while 13
-#      of 16 cores were busy, and CUDA graphs and MPS changed nothing end to end (docs/speed.md);
-#   3. 16 actors again with the services' threads spinning while they wait for the GPU (learner.gpu_wait and
-#      actor.gpu_wait = spin, CUDA's default before decision 62): what sleeping gives end to end, and the cores
-#      each service keeps busy either way;
-#   4. lbc-bm's stages alone with every lever on the learner, CUDA graphs and the compiled recurrence among them
-#      (measured in session 27; last, in what time is left).
+# What a lent GPU machine is for (issue 11, docs/speed.md), in one run of under 10 minutes, figures printed.
+# Session 34's H100 found the paper's preset learner-bound at 42,147-44,964 frames/s with 12-16 actors: replay
+# held the actors back 65-90% of the time, the learner made 4.3 steps/s in the system against 6.2-6.8 alone,
+# the GPU was half idle and the learner's process used 0.6 of a core. The learner's thread waits for a GPU
+# that time-slices between 17 processes' contexts. So, each run the whole system alone (no stages first:
+# bench.throughput --end-to-end-only, about 55 s each), at 16 actors:
+#   1-3. the preset; the learner's threads spinning while they wait for the GPU; the actors' too
+#        (learner.gpu_wait, actor.gpu_wait; both spinning gave 4.67 learner steps/s against 4.26-4.27);
+#   4-6. the same under NVIDIA's MPS, which lets the 17 processes' kernels share the GPU instead of
+#        time-slicing, where the machine has nvidia-cuda-mps-control, and with the recurrence as CUDA graphs;
+#   7. half the contexts: 8 actors of 64 games, each stepping its games on two ALE threads;
+#   8. the preset again (the machine's drift), with py-spy: where each service's threads wait;
+#   9. the tests that need a GPU (all 20 passed on session 34's H100), in what time is left.
 # Run from the repository root: bash bench/gpu_checks.sh (PY names the interpreter, default python3).
 set -uo pipefail
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
 # one place for compiled kernels (without it, each service keeps its own under its run folder)
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/lbc-compile-cache}
+SPIN=(--set learner.gpu_wait=spin --set actor.gpu_wait=spin)
 
-echo "== GPU tests"
+system() {   # system LABEL [bench.throughput arguments...]: one end-to-end run at 16 actors unless told
+    echo "== $1"
+    shift
+    timeout 100 "$PY" -m bench.throughput --preset lbc-bm --game breakout --actors 16 --set actor.device=cuda \
+        --end-to-end-only --warmup 30 --seconds 15 "$@"
+}
+
+system "1. preset"
+system "2. learner spinning" --set learner.gpu_wait=spin
+system "3. learner and actors spinning" "${SPIN[@]}"
+if command -v nvidia-cuda-mps-control >/dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/lbc-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/lbc-mps/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then
+        system "4. preset under MPS"
+        system "5. spinning under MPS" "${SPIN[@]}"
+        system "6. spinning, CUDA graphs, under MPS" "${SPIN[@]}" --set learner.cuda_graphs=true
+        echo quit | nvidia-cuda-mps-control
+    fi
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+else
+    echo "== 4-6. no MPS on this machine (nvidia-cuda-mps-control not found)"
+fi
+system "7. 8 actors of 64 games on two ALE threads each" --actors 8 --set env.num_envs=64 --set env.num_threads=2
+system "8. preset again, with py-spy after the window" --profile
+
+echo "== 9. GPU tests"
 timeout 140 "$PY" -m pytest -q -p no:cacheprovider -k "cuda or gpu or pinned or compiled or graphs" \
     tests/unit/test_devices.py tests/unit/test_stacked_frames.py tests/unit/test_prepare_ahead.py \
     tests/unit/test_lstm_bptt.py tests/unit/test_training.py tests/unit/test_nets.py
-
-echo "== lbc-bm end to end, 12, 14 and 16 actors (about 55 s each after the stages)"
-timeout 240 "$PY" -m bench.throughput --preset lbc-bm --game breakout --actors 16 --actor-scaling 12,14 \
-    --set actor.device=cuda --stage-seconds 1 --seconds 15 --warmup 30
-
-echo "== lbc-bm end to end, 16 actors, threads spinning while they wait for the GPU"
-timeout 120 "$PY" -m bench.throughput --preset lbc-bm --game breakout --actors 16 --set actor.device=cuda \
-    --set learner.gpu_wait=spin --set actor.gpu_wait=spin --stage-seconds 1 --seconds 15 --warmup 30
-
-echo "== lbc-bm stages alone, with the levers"
-timeout 80 "$PY" -m bench.throughput --preset lbc-bm --game breakout --set actor.device=cuda \
-    --stages-only --levers --stage-seconds 3

@@ -24,7 +24,6 @@ Figures are printed, never asserted: this is a benchmark, not a test.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -33,6 +32,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +44,7 @@ from bench.spy import profile_lines
 from lbc.acting import CoreInputs, acting_agent, forward
 from lbc.agents import Acting, family_of, make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
-from lbc.config import PRESETS, Config, load_config
+from lbc.config import PRESETS, Config, Endpoints, load_config
 from lbc.devices import compute_precision, pick_device, pinned
 from lbc.envs import make_envs
 from lbc.launch import SERVICE_ENV_DEFAULTS, scrape, value
@@ -329,61 +329,88 @@ class GpuSampler:
 
 def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: float, overrides: list[str],
                profile: bool = False) -> dict:
-    """The whole system under the launcher: frames/s and learner steps/s over `seconds` after `warmup`,
-    and each service's CPU seconds at the window's start and near its end ("cpu", "cpu_seconds", for
-    bench.cpu_use.cpu_table); with `profile`, py-spy's table of where each service thread spends and waits
-    (bench.spy) under "profile", sampled after that window so that the sampler's own CPU (a tenth to a
-    fifth of a core) does not count against the figures."""
+    """The whole system under the launcher: frames/s and learner steps/s over `seconds` after `warmup`, each
+    service's CPU seconds at the window's start and end ("cpu", "cpu_seconds", for bench.cpu_use.cpu_table),
+    all read from the services themselves at the same two moments; with `profile`, py-spy's table of where
+    each service thread spends and waits (bench.spy) under "profile", sampled after that window so that the
+    sampler's own CPU (a tenth to a fifth of a core) does not count against the figures."""
     name = f"bench-{preset}-{game}"
     run_dir = Path("runs") / name
     shutil.rmtree(run_dir, ignore_errors=True)
     span = min(20.0, seconds / 2) if profile else 0.0
-    duration = warmup + seconds + (span + 5.0 if profile else 0.0)
+    # the launcher stops a little after the window, so that its own stopping costs the window nothing
+    duration = warmup + seconds + 5.0 + (span + 5.0 if profile else 0.0)
     argv = [sys.executable, "-m", "lbc.launch", "--preset", preset, "--game", game, "--actors", str(actors),
             "--name", name, "--duration", str(duration), "--progress-every", "5"]
     for o in overrides:
         argv += ["--set", o]
     launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     endpoints = load_config(preset, [f"env.game={game}", *overrides]).endpoints
-    learner_port, replay_port = endpoints.learner_metrics, endpoints.replay_metrics
     table: list[str] = []
-    cpu_window = max(seconds - 5.0, 1.0)   # read before the launcher's stop, which costs CPU of its own
     time.sleep(warmup)
-    cpu_start, t_start = service_cpu_seconds(launcher.pid), time.perf_counter()
-    kept_start, waits_start = _counters(learner_port, TARGET_CACHE), _counters(replay_port, REPLAY_WAITS)
-    time.sleep(cpu_window)
-    cpu_end, t_end = service_cpu_seconds(launcher.pid), time.perf_counter()
-    kept_end, waits_end = _counters(learner_port, TARGET_CACHE), _counters(replay_port, REPLAY_WAITS)
+    start = _system_reading(launcher.pid, endpoints, actors)
+    time.sleep(max(start.time + seconds - time.perf_counter(), 0.0))
+    end = _system_reading(launcher.pid, endpoints, actors)
     if profile:
-        time.sleep(max(t_start + seconds - time.perf_counter(), 0.0))
         try:
             table = profile_lines(launcher.pid, span)
         except RuntimeError as e:   # no ptrace rights: the figures still count
             table = [f"profile: {e}"]
     if launcher.wait() != 0:
         raise subprocess.CalledProcessError(launcher.returncode, argv)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    t0 = records[0]["time"]
-    window = [r for r in records if warmup <= r["time"] - t0 <= warmup + seconds]
-    first, last = window[0], window[-1]
-    dt = last["time"] - first["time"]
-    return {"frames_per_s": (last["frames"] - first["frames"]) / dt,
-            "learner_steps_per_s": (last["learner_steps"] - first["learner_steps"]) / dt,
-            "seconds": dt, "lag": last["lag"], "profile": table, "cpu": (cpu_start, cpu_end),
-            "cpu_seconds": t_end - t_start, "target_repeats": _share(kept_start, kept_end),
-            "waits": replay_waits(waits_start, waits_end, t_end - t_start)}
+    frames_per_s, steps_per_s = window_rates(start, end)
+    return {"frames_per_s": frames_per_s, "learner_steps_per_s": steps_per_s, "seconds": end.time - start.time,
+            "lag": end.lag, "profile": table, "cpu": (start.cpu, end.cpu), "cpu_seconds": end.time - start.time,
+            "target_repeats": _share(start.target_cache, end.target_cache),
+            "waits": replay_waits(start.replay_waits, end.replay_waits, end.time - start.time)}
+
+
+@dataclass(frozen=True)
+class SystemReading:
+    """What the running services count at one moment (bench.throughput.end_to_end reads two)."""
+    time: float                          # time.perf_counter() midway through the reading
+    frames: float                        # emulator frames the actors played (lbc_actor_frames_total, summed)
+    learner_steps: float
+    lag: float | None                    # the learner's mean policy lag
+    cpu: dict[str, float]                # CPU seconds by service (bench.cpu_use)
+    target_cache: tuple[float, ...]      # TARGET_CACHE
+    replay_waits: tuple[float, ...]      # REPLAY_WAITS
+
+
+def _system_reading(launcher_pid: int, endpoints: Endpoints, actors: int) -> SystemReading:
+    before = time.perf_counter()
+    cpu = service_cpu_seconds(launcher_pid)
+    actor_frames = [value(scrape(endpoints.actor_metrics_base + i, timeout=5.0), "lbc_actor_frames_total")
+                    for i in range(actors)]
+    learner = scrape(endpoints.learner_metrics, timeout=5.0)
+    replay = scrape(endpoints.replay_metrics, timeout=5.0)
+    missing = [f"actor {i}" for i, f in enumerate(actor_frames) if f is None]
+    if value(learner, "lbc_learner_steps_total") is None:
+        missing.append("learner")
+    if missing:
+        raise RuntimeError(f"{', '.join(missing)} did not answer at its metrics port: the end-to-end window cannot "
+                           "be counted (is --warmup long enough for every service to start?)")
+    return SystemReading(time=(before + time.perf_counter()) / 2, frames=sum(actor_frames),
+                         learner_steps=value(learner, "lbc_learner_steps_total"),
+                         lag=value(learner, "lbc_learner_policy_lag", stat="mean"), cpu=cpu,
+                         target_cache=tuple(value(learner, n) or 0.0 for n in TARGET_CACHE),
+                         replay_waits=tuple(value(replay, n) or 0.0 for n in REPLAY_WAITS))
+
+
+def window_rates(start: SystemReading, end: SystemReading) -> tuple[float, float]:
+    """(frames/s, learner steps/s) between two readings. A count that went down means a service restarted in
+    the window (its counters start again from zero), and the window does not measure the system."""
+    if end.frames < start.frames or end.learner_steps < start.learner_steps:
+        raise RuntimeError("a service restarted within the end-to-end window (a count went down); see its log "
+                           "under runs/")
+    seconds = end.time - start.time
+    return (end.frames - start.frames) / seconds, (end.learner_steps - start.learner_steps) / seconds
 
 
 # (hits, lookups) of the learner's kept target outputs (lbc.target_cache), 0 where not kept
 TARGET_CACHE = ("lbc_learner_target_cache_hits_total", "lbc_learner_target_cache_lookups_total")
 # seconds replay's rate limiter held the actors back, and a learner's request waited for data
 REPLAY_WAITS = ("lbc_replay_insert_blocked_seconds_total", "lbc_replay_sample_blocked_seconds_total")
-
-
-def _counters(port: int, names: tuple[str, ...]) -> tuple[float, ...]:
-    """The named counters of the service at `port`, 0 for one it does not have or when it does not answer."""
-    samples = scrape(port)
-    return tuple(value(samples, name) or 0.0 for name in names)
 
 
 def replay_waits(start: tuple[float, float], end: tuple[float, float], seconds: float) -> tuple[float, float]:
@@ -491,6 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=float, default=30.0, help="end-to-end seconds discarded at the start")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--stages-only", action="store_true", help="measure the stages alone, not the whole system")
+    parser.add_argument("--end-to-end-only", action="store_true",
+                        help="run the whole system without measuring the stages first (no ceiling; needs --actors): "
+                             "for A/B runs of settings where each minute counts, as on a lent GPU")
     parser.add_argument("--levers", action="store_true",
                         help="also measure each speed lever on the stage it acts on: the learner's other precision, "
                         + ", ".join(LEVERS)
@@ -514,19 +544,36 @@ def allocate_as_services(module: str) -> None:
 
 
 def main() -> int:
-    args = build_parser().parse_args()
+    parser = build_parser()
+    args = parser.parse_args()
+    if args.end_to_end_only and (args.stages_only or args.levers or args.actors is None):
+        parser.error("--end-to-end-only needs --actors (without the stages nothing chooses them) and runs no stage: "
+                     "not with --stages-only or --levers")
     allocate_as_services("bench.throughput")
     apply_machine_defaults(args, torch.cuda.is_available())
 
     cfg = load_config(args.preset, [f"env.game={args.game}", *args.overrides])
     torch.set_num_threads(1)
-    frame_skip = cfg.env.frames_per_step
     print(f"machine: {platform.processor() or platform.machine()}, {args.cores} cores, torch {torch.__version__}; "
           f"preset {args.preset}, game {args.game}, {cfg.env.num_envs} envs/actor, batch {cfg.learner.batch_size} x "
           f"{cfg.sequence.length} (+{cfg.sequence.burn_in} burn-in), replay ratio {cfg.replay.replay_ratio}",
           flush=True)
     print("process environment: " + ", ".join(f"{name}={os.environ[name]}" for name in sorted(SERVICE_ENV_DEFAULTS)),
           flush=True)
+    if args.end_to_end_only:
+        env = inf = learn = ceiling = None
+    else:
+        env, inf, learn, ceiling = stages(args, cfg)
+    if args.stages_only:
+        return 0
+    end_to_end_lines(args, cfg, env, inf, learn, ceiling)
+    return 0
+
+
+def stages(args: argparse.Namespace, cfg: Config) -> tuple[float, float, float, float]:
+    """Each stage alone, the learner's parts and, with --levers, each lever on its stage, printed; returns
+    (environment agent steps/s, inference samples/s, learner samples/s, ceiling agent steps/s)."""
+    frame_skip = cfg.env.frames_per_step
     env = env_rate(cfg, args.stage_seconds)
     print(f"environment alone (1 core): {env:10,.0f} agent steps/s ({env * frame_skip:,.0f} frames/s)",
           flush=True)
@@ -564,8 +611,15 @@ def main() -> int:
         base = {"environment": env, "inference": inf, "learner": learn}
         for row in lever_table(levers, base, args.cores, args.stage_seconds):
             print(row, flush=True)
-    if args.stages_only:
-        return 0
+    return env, inf, learn, ceiling
+
+
+def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, inf: float | None,
+                     learn: float | None, ceiling: float | None) -> None:
+    """The whole system with each actor count, a line each; for args.actors also achieved / ceiling (where
+    the stages ran) and the CPU by service."""
+    frame_skip, ratio = cfg.env.frames_per_step, cfg.replay.replay_ratio
+    on_gpu = pick_device(cfg.learner.device, "learner.device").type == "cuda"
     scaling_counts = {int(n) for n in args.actor_scaling.split(",") if n}
     if args.actors is None:
         args.actors = (1 if on_gpu else actors_to_fill(args.cores, env, inf, learn, ratio))
@@ -599,13 +653,13 @@ def main() -> int:
                      f"linear")
         print(line, flush=True)
         if actors == args.actors:
-            print(f"achieved / ceiling = {achieved / ceiling:.2f}", flush=True)
+            if ceiling is not None:
+                print(f"achieved / ceiling = {achieved / ceiling:.2f}", flush=True)
             print(f"CPU by service over {e2e['cpu_seconds']:.0f} s of that window:", flush=True)
             for row in cpu_table(*e2e["cpu"], e2e["cpu_seconds"], achieved, args.cores):
                 print(row, flush=True)
             for row in e2e["profile"]:
                 print(row, flush=True)
-    return 0
 
 
 if __name__ == "__main__":

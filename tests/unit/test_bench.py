@@ -173,3 +173,17 @@ def test_the_frame_read_bench_times_every_read_and_leaves_the_current_read_in_pl
         assert seen.count((read.pixel_dtype, read.sequence_input)) == 2 * (1 + 3)
     assert len(set(seen)) == 3 and READS["bfloat16 frames"].sequence_input is original[1]
     assert (lbc.nets.pixel_dtype, lbc.nets.LBCNet.sequence_input) == original
+
+
+def test_the_end_to_end_window_counts_between_two_readings_and_refuses_a_restart():
+    from bench.throughput import SystemReading, window_rates
+
+    def reading(t: float, frames: float, steps: float) -> SystemReading:
+        return SystemReading(time=t, frames=frames, learner_steps=steps, lag=None, cpu={}, target_cache=(0.0, 0.0),
+                             replay_waits=(0.0, 0.0))
+
+    assert window_rates(reading(10.0, 4_000, 7), reading(14.0, 24_000, 15)) == (5_000.0, 2.0)
+    with pytest.raises(RuntimeError, match="restarted"):   # an actor's counter started again from zero
+        window_rates(reading(10.0, 4_000, 7), reading(14.0, 1_000, 15))
+    with pytest.raises(RuntimeError, match="restarted"):   # the learner's
+        window_rates(reading(10.0, 4_000, 7), reading(14.0, 24_000, 0))
