@@ -51,6 +51,7 @@ from lbc.launch import SERVICE_ENV_DEFAULTS, scrape, value
 from lbc.nets import policy_net
 from lbc.psi import Psi
 from lbc.sequences import sequence_layout
+from learner_svc.step_time import PARTS
 from learner_svc.training import Trainer, to_time_major
 
 
@@ -362,7 +363,8 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
     return {"frames_per_s": frames_per_s, "learner_steps_per_s": steps_per_s, "seconds": end.time - start.time,
             "lag": end.lag, "profile": table, "cpu": (start.cpu, end.cpu), "cpu_seconds": end.time - start.time,
             "target_repeats": _share(start.target_cache, end.target_cache),
-            "waits": replay_waits(start.replay_waits, end.replay_waits, end.time - start.time)}
+            "waits": replay_waits(start.replay_waits, end.replay_waits, end.time - start.time),
+            "learner_step_ms": learner_step_split(start, end)}
 
 
 @dataclass(frozen=True)
@@ -375,6 +377,7 @@ class SystemReading:
     cpu: dict[str, float]                # CPU seconds by service (bench.cpu_use)
     target_cache: tuple[float, ...]      # TARGET_CACHE
     replay_waits: tuple[float, ...]      # REPLAY_WAITS
+    learner_seconds: dict[str, float]    # the training thread's seconds by part (learner_svc.step_time)
 
 
 def _system_reading(launcher_pid: int, endpoints: Endpoints, actors: int) -> SystemReading:
@@ -394,7 +397,18 @@ def _system_reading(launcher_pid: int, endpoints: Endpoints, actors: int) -> Sys
                          learner_steps=value(learner, "lbc_learner_steps_total"),
                          lag=value(learner, "lbc_learner_policy_lag", stat="mean"), cpu=cpu,
                          target_cache=tuple(value(learner, n) or 0.0 for n in TARGET_CACHE),
-                         replay_waits=tuple(value(replay, n) or 0.0 for n in REPLAY_WAITS))
+                         replay_waits=tuple(value(replay, n) or 0.0 for n in REPLAY_WAITS),
+                         learner_seconds={labels["part"]: v for labels, v in learner.get(STEP_SECONDS, [])})
+
+
+def learner_step_split(start: SystemReading, end: SystemReading) -> dict[str, float]:
+    """Milliseconds per learner step that the training thread spent in each part of its loop between two
+    readings (learner_svc.step_time.PARTS); empty without a step."""
+    steps = end.learner_steps - start.learner_steps
+    if steps <= 0:
+        return {}
+    return {part: 1e3 * (end.learner_seconds[part] - start.learner_seconds.get(part, 0.0)) / steps
+            for part in PARTS if part in end.learner_seconds}
 
 
 def window_rates(start: SystemReading, end: SystemReading) -> tuple[float, float]:
@@ -407,6 +421,7 @@ def window_rates(start: SystemReading, end: SystemReading) -> tuple[float, float
     return (end.frames - start.frames) / seconds, (end.learner_steps - start.learner_steps) / seconds
 
 
+STEP_SECONDS = "lbc_learner_step_seconds_total"
 # (hits, lookups) of the learner's kept target outputs (lbc.target_cache), 0 where not kept
 TARGET_CACHE = ("lbc_learner_target_cache_hits_total", "lbc_learner_target_cache_lookups_total")
 # seconds replay's rate limiter held the actors back, and a learner's request waited for data
@@ -655,6 +670,10 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
         if actors == args.actors:
             if ceiling is not None:
                 print(f"achieved / ceiling = {achieved / ceiling:.2f}", flush=True)
+            if e2e["learner_step_ms"]:
+                split = e2e["learner_step_ms"]
+                print(f"learner step in the system, ms (the training thread, {sum(split.values()):,.1f} a step): "
+                      + ", ".join(f"{part} {ms:,.1f}" for part, ms in split.items()), flush=True)
             print(f"CPU by service over {e2e['cpu_seconds']:.0f} s of that window:", flush=True)
             for row in cpu_table(*e2e["cpu"], e2e["cpu_seconds"], achieved, args.cores):
                 print(row, flush=True)

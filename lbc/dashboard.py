@@ -103,6 +103,10 @@ def build() -> dict:
                             _query(f"lbc_learner_policy_lag{{{SEL}}}", "{{stat}}")))
         .with_panel(_series("Torso units dead on a batch (all dead: the net is blind)", "percentunit",
                             _query(f"lbc_learner_dead_units_ratio{{{SEL}}}", "{{layer}}")))
+        .with_panel(_series("Learner's training thread: share of time by part (device_wait: waiting for the GPU)",
+                            "percentunit",
+                            _query(f"avg by (part) (rate(lbc_learner_step_seconds_total{{{SEL}}}{rate}))", "{{part}}"),
+                            width=24))
         .with_row(db.Row("Replay"))
         .with_panel(_series("Replay fill", "percentunit",
                             _query(f"sum(lbc_replay_sequences{{{SEL}}}) / sum(lbc_replay_capacity_sequences{{{SEL}}})",

@@ -35,6 +35,7 @@ from learner_svc import checkpoint
 from learner_svc.batches import BatchFetcher
 from learner_svc.param_server import ParameterServicer, ParameterStore
 from learner_svc.replicas import GroupBroken, ReplicaGroup
+from learner_svc.step_time import LoopTime
 from learner_svc.training import Trainer
 
 STEPS = Counter("lbc_learner_steps_total", "Learner optimiser steps")
@@ -121,14 +122,17 @@ def main(argv: list[str] | None = None) -> int:
 
     samples_per_batch = cfg.learner.batch_size * cfg.sequence.length
     last_log = time.monotonic()
+    loop_time = LoopTime()
     while not stop.is_set():
-        batch, upcoming = fetcher.next_pair()
+        with loop_time.waiting_for_batch():
+            batch, upcoming = fetcher.next_pair()
         if batch is None:
             continue
         # replay's keys and versions stay in the batch: the loss keeps target outputs by them (lbc.target_cache)
         versions, keys = batch["param_version"], batch["key"]
         try:
             stats = trainer.train_step(batch, upcoming)
+            loop_time.trained()
         except GroupBroken as exc:
             # a replica stopped: keep what this step had not yet changed, and let the group start again
             checkpoint.save(ckpt_dir, trainer.agent, trainer.optimiser, counters, trainer.checkpointed_modules())
@@ -237,13 +241,16 @@ def follow(cfg: Config, args: argparse.Namespace, stop: threading.Event, log: lo
     fetcher = BatchFetcher(cfg, stop, pin=trainer.device.type == "cuda")
     fetcher.start()
     samples_per_batch = cfg.learner.batch_size * cfg.sequence.length
+    loop_time = LoopTime()
     while not stop.is_set():
-        batch, upcoming = fetcher.next_pair()
+        with loop_time.waiting_for_batch():
+            batch, upcoming = fetcher.next_pair()
         if batch is None:
             continue
         keys = batch["key"]
         try:
             stats = trainer.train_step(batch, upcoming)
+            loop_time.trained()
         except GroupBroken as exc:
             log.error("learner replica group broken at step %d (%s); exiting to meet the group again",
                       trainer.step, exc)

@@ -21,6 +21,7 @@ from lbc.envs import env_spec
 from lbc.nets import LayerNormLSTM, LBCNet, build_agent, policy_net
 from lbc.sequences import observations_at
 from learner_svc.replicas import ReplicaGroup
+from learner_svc.step_time import timed
 
 PREPARED_AHEAD = Counter("lbc_learner_batches_prepared_ahead_total", "Steps whose batch was prepared while the step "
                          "before trained (learner.prepare_ahead)")
@@ -242,7 +243,8 @@ class Trainer:
         """One optimiser step on `batch`. With learner.prepare_ahead, `upcoming` (the batch the next call will
         get) is prepared in a thread of its own meanwhile; its target outputs are made again if this step
         copies the model into the target network."""
-        parts = self._prepared_parts(batch)
+        with timed("prepare"):
+            parts = self._prepared_parts(batch)
         ahead: Future | None = None
         if self.ahead is not None and upcoming is not None:
             ahead = self.ahead.submit(self.prepare, upcoming, aside=True)
@@ -250,11 +252,13 @@ class Trainer:
             stats = self._optimise(parts)
         finally:   # before after_step: the target network must not change under the upcoming batch's unroll
             # a preparation that failed is made again in its batch's own step, which raises where it trains
-            if ahead is not None and ahead.exception() is None:
-                self._prepared = (upcoming, ahead.result())
+            with timed("ahead_wait"):
+                if ahead is not None and ahead.exception() is None:
+                    self._prepared = (upcoming, ahead.result())
         if not stats.skipped:
             self.step += 1
-            self.loss.after_step(self.step)
+            with timed("optimiser"):
+                self.loss.after_step(self.step)
         return stats
 
     def _optimise(self, parts: list[Prepared]) -> StepStats:
@@ -267,14 +271,16 @@ class Trainer:
             group["lr"] = lc.learning_rate * factor
             group["weight_decay"] = lc.weight_decay * max(0.0, 1.0 - self.step / lc.anneal_steps)
 
-        self.optimiser.zero_grad(set_to_none=True)
-        loss, terms, priorities = self._split_backward(parts)
-        finite = torch.isfinite(loss)
-        if self.group is not None:   # a replica's loss not finite: every replica skips this step
-            finite = self.group.average_gradients(self.parameters, finite)
-        norms = self._clip_gradients()
+        with timed("loss_backward"):
+            self.optimiser.zero_grad(set_to_none=True)
+            loss, terms, priorities = self._split_backward(parts)
+            finite = torch.isfinite(loss)
+            if self.group is not None:   # a replica's loss not finite: every replica skips this step
+                finite = self.group.average_gradients(self.parameters, finite)
+            norms = self._clip_gradients()
         # the step's one wait for the device: the optimiser's kernels below then run while the host goes on
-        loss_h, finite_h, norms_h, terms_h, priorities_h = to_host(loss, finite, norms, terms, priorities)
+        with timed("device_wait"):
+            loss_h, finite_h, norms_h, terms_h, priorities_h = to_host(loss, finite, norms, terms, priorities)
         loss_value = float(loss_h) if finite_h else float("nan")
         # the model's norm, or the first group's apart that is not finite (the skip below relies on a
         # non-finite norm exactly when a gradient is not finite)
@@ -285,7 +291,8 @@ class Trainer:
             return StepStats(loss=loss_value, per_policy=[], grad_norm=grad_norm,
                              learning_rate=lc.learning_rate * factor, priorities=np.zeros(0, np.float32),
                              skipped=True)
-        self.optimiser.step()
+        with timed("optimiser"):
+            self.optimiser.step()
         per_policy = [dict(zip(self.terms, row.tolist(), strict=True)) for row in terms_h]
         return StepStats(loss=loss_value, per_policy=per_policy, grad_norm=grad_norm,
                          learning_rate=lc.learning_rate * factor, priorities=priorities_h)

@@ -180,10 +180,25 @@ def test_the_end_to_end_window_counts_between_two_readings_and_refuses_a_restart
 
     def reading(t: float, frames: float, steps: float) -> SystemReading:
         return SystemReading(time=t, frames=frames, learner_steps=steps, lag=None, cpu={}, target_cache=(0.0, 0.0),
-                             replay_waits=(0.0, 0.0))
+                             replay_waits=(0.0, 0.0), learner_seconds={})
 
     assert window_rates(reading(10.0, 4_000, 7), reading(14.0, 24_000, 15)) == (5_000.0, 2.0)
     with pytest.raises(RuntimeError, match="restarted"):   # an actor's counter started again from zero
         window_rates(reading(10.0, 4_000, 7), reading(14.0, 1_000, 15))
     with pytest.raises(RuntimeError, match="restarted"):   # the learner's
         window_rates(reading(10.0, 4_000, 7), reading(14.0, 24_000, 0))
+
+
+def test_the_learner_step_split_is_each_parts_seconds_per_step_in_the_window():
+    from bench.throughput import SystemReading, learner_step_split
+
+    def reading(steps: float, seconds: dict[str, float]) -> SystemReading:
+        return SystemReading(time=0.0, frames=0.0, learner_steps=steps, lag=None, cpu={}, target_cache=(0.0, 0.0),
+                             replay_waits=(0.0, 0.0), learner_seconds=seconds)
+
+    # 4 steps: 0.2 s waiting for batches, 0.6 s of loss and backward, device_wait first seen at the end
+    split = learner_step_split(reading(10, {"batch": 1.0, "loss_backward": 2.0}),
+                               reading(14, {"batch": 1.2, "loss_backward": 2.6, "device_wait": 0.4}))
+    assert split == pytest.approx({"batch": 50.0, "loss_backward": 150.0, "device_wait": 100.0})
+    assert list(split) == ["batch", "loss_backward", "device_wait"]   # in the loop's order (PARTS)
+    assert learner_step_split(reading(10, {"batch": 1.0}), reading(10, {"batch": 2.0})) == {}

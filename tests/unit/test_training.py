@@ -1,3 +1,4 @@
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -5,12 +6,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from prometheus_client import REGISTRY
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lbc.config import load_config
 from lbc.presets import CATCH_SIZING, deep_merge
 from lbc.sequences import sequence_layout
 from learner_svc import checkpoint
+from learner_svc.step_time import PARTS, LoopTime
 from learner_svc.training import Trainer, build_optimiser, schedule_factor
 
 REPO = Path(__file__).resolve().parents[2]
@@ -434,3 +437,34 @@ def test_the_fused_adamw_steps_as_the_per_list_one(device):
         runs.append((params, [opt.state[p]["exp_avg_sq"] for p in params]))
     for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def _seconds() -> dict[str, float]:
+    return {part: REGISTRY.get_sample_value("lbc_learner_step_seconds_total", {"part": part}) for part in PARTS}
+
+
+def test_the_parts_of_a_training_loop_add_up_to_its_wall_time():
+    cfg = load_config("catch", ["learner.prepare_ahead=true", "learner.device=cpu"])
+    trainer = Trainer(cfg)
+    rng = np.random.default_rng(0)
+    batches = [_batch(cfg, rng) for _ in range(5)]
+    loop_time = LoopTime()
+    before = _seconds()
+    start = time.perf_counter()
+    for i, batch in enumerate(batches):
+        with loop_time.waiting_for_batch():
+            time.sleep(0.05)   # replay's batch on its way
+        trainer.train_step(batch, batches[i + 1] if i + 1 < len(batches) else None)
+        loop_time.trained()
+        time.sleep(0.02)       # what the loop does after a step
+    with loop_time.waiting_for_batch():
+        pass
+    wall = time.perf_counter() - start
+    spent = {part: seconds - before[part] for part, seconds in _seconds().items()}
+    assert sum(spent.values()) == pytest.approx(wall, rel=0.02, abs=0.005)
+    assert 5 * 0.05 <= spent["batch"] < 5 * 0.05 + 0.05
+    assert 5 * 0.02 <= spent["after"] < 5 * 0.02 + 0.05
+    # the first batch was not prepared ahead, the others were (the step before made them)
+    assert trainer.prepared_ahead == 4 and spent["prepare"] > 0
+    assert spent["loss_backward"] > 0 and spent["optimiser"] > 0
+    assert spent["device_wait"] >= 0 and spent["ahead_wait"] >= 0
