@@ -2,9 +2,10 @@
 # What a lent GPU machine is for (issue 11, docs/speed.md), in one run of under 10 minutes, figures printed.
 # Session 34's H100 found the paper's preset learner-bound at 42,147-44,964 frames/s with 12-16 actors: replay
 # held the actors back 65-90% of the time, the learner made 4.3 steps/s in the system against 6.2-6.8 alone,
-# the GPU was half idle and the learner's process used 0.6 of a core. The learner's thread waits for a GPU
-# that time-slices between 17 processes' contexts. So, each run the whole system alone (no stages first:
-# bench.throughput --end-to-end-only, about 55 s each), at 16 actors:
+# the GPU was half idle and the learner's process used 0.6 of a core. The likeliest reading, not yet measured:
+# its thread waits for a GPU that time-slices between 17 processes' contexts. So, each run the whole system alone (no stages first:
+# bench.throughput --end-to-end-only, about 60 s each, runs 1-8 about 8.5 minutes), at 16 actors, each printing
+# the learner's step in the system by part (lbc_learner_step_seconds_total: device_wait is its wait for the GPU):
 #   1-3. the preset; the learner's threads spinning while they wait for the GPU; the actors' too
 #        (learner.gpu_wait, actor.gpu_wait; both spinning gave 4.67 learner steps/s against 4.26-4.27);
 #   4-6. the same under NVIDIA's MPS, which lets the 17 processes' kernels share the GPU instead of
