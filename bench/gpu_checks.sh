@@ -8,8 +8,10 @@
 # the learner's step in the system by part (lbc_learner_step_seconds_total: device_wait is its wait for the GPU):
 #   1-3. the preset; the learner's threads spinning while they wait for the GPU; the actors' too
 #        (learner.gpu_wait, actor.gpu_wait; both spinning gave 4.67 learner steps/s against 4.26-4.27);
-#   4-6. the same under NVIDIA's MPS, which lets the 17 processes' kernels share the GPU instead of
-#        time-slicing, where the machine has nvidia-cuda-mps-control, and with the recurrence as CUDA graphs;
+#   4-6. under NVIDIA's MPS, which lets the processes' kernels share the GPU instead of time-slicing, where
+#        the machine has nvidia-cuda-mps-control: the preset; both spinning; two learner replicas of 32
+#        sequences each sharing the GPU (learner.group_backend=gloo; the group's step is still 64 sequences),
+#        whose kernels can fill the half of the GPU one learner leaves idle;
 #   7. half the contexts: 8 actors of 64 games, each stepping its games on two ALE threads;
 #   8. the preset again (the machine's drift), with py-spy: where each service's threads wait;
 #   9. the tests that need a GPU (all 20 passed on session 34's H100), in what time is left.
@@ -37,7 +39,8 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
     if nvidia-cuda-mps-control -d; then
         system "4. preset under MPS"
         system "5. spinning under MPS" "${SPIN[@]}"
-        system "6. spinning, CUDA graphs, under MPS" "${SPIN[@]}" --set learner.cuda_graphs=true
+        system "6. two learner replicas of 32 sequences sharing the GPU, under MPS" --set learner.replicas=2 \
+            --set learner.batch_size=32 --set learner.group_backend=gloo
         echo quit | nvidia-cuda-mps-control
     fi
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY

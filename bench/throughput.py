@@ -349,6 +349,9 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
     endpoints = load_config(preset, [f"env.game={game}", *overrides]).endpoints
     table: list[str] = []
     time.sleep(warmup)
+    if launcher.poll() is not None:
+        raise RuntimeError(f"the launcher exited with {launcher.returncode} before the end-to-end window: see what "
+                           f"it printed above and {run_dir}/logs")
     start = _system_reading(launcher.pid, endpoints, actors)
     time.sleep(max(start.time + seconds - time.perf_counter(), 0.0))
     end = _system_reading(launcher.pid, endpoints, actors)

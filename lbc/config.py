@@ -234,6 +234,9 @@ class LearnerConfig(_Section):
     replicas: int = Field(1, ge=1, le=64, description="learner processes training one model, each on its own "
                           "batches, gradients averaged every step (learner_svc.replicas); replica 0 publishes "
                           "and checkpoints; they meet at endpoints.learner_group")
+    group_backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="how replicas average their gradients: auto is NCCL on GPUs and gloo on CPUs; gloo on "
+        "GPUs too where replicas share one GPU, which NCCL refuses")
     precision: Precision = Field("fp32", description="bf16: the network's matrix products and convolutions under "
                                  "bfloat16 autocast (losses and weights stay fp32); auto: bf16 on a CPU that computes "
                                  "in bfloat16 natively (AVX-512 BF16, AMX), else fp32 (lbc.devices.compute_precision)")

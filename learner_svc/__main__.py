@@ -221,7 +221,8 @@ def join_group(cfg: Config, rank: int, log: logging.Logger) -> ReplicaGroup | No
         return None
     host, port = cfg.endpoints.learner_group.rsplit(":", 1)
     log.info("replica %d of %d: meeting the others at %s", rank, n, cfg.endpoints.learner_group)
-    group = ReplicaGroup(rank, n, host, int(port), pick_device(cfg.learner.device, "learner.device"))
+    group = ReplicaGroup(rank, n, host, int(port), pick_device(cfg.learner.device, "learner.device"),
+                         backend=cfg.learner.group_backend)
     log.info("replica %d of %d: group formed", rank, n)
     return group
 

@@ -1,7 +1,8 @@
 """Data parallelism across learner replicas (`learner.replicas`): every replica trains the same model on
 its own batches, and after each backward pass the group averages the gradients, so each optimiser step
 is the step one learner would take on the union of the batches. torch.distributed with gloo on CPUs and
-NCCL on GPUs; replica 0's parameters and optimiser state are the group's at the start.
+NCCL on GPUs (or gloo, where replicas share one GPU, which NCCL refuses: learner.group_backend); replica 0's
+parameters and optimiser state are the group's at the start.
 
 Only tensors cross between replicas (no pickled objects)."""
 
@@ -21,11 +22,14 @@ class ReplicaGroup:
     """This process's place in a group of `world` learner replicas, rendezvous at tcp://address:port."""
 
     def __init__(self, rank: int, world: int, address: str, port: int, device: torch.device,
-                 timeout_s: float = 120.0) -> None:
+                 timeout_s: float = 120.0, backend: str = "auto") -> None:
         if not 0 <= rank < world:
             raise ValueError(f"replica rank {rank} outside [0, {world})")
+        if backend == "nccl" and device.type != "cuda":
+            raise ValueError(f"learner.group_backend=nccl needs the learner on a GPU, not {device}")
         self.rank, self.world, self.device = rank, world, device
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        if backend == "auto":
+            backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s))
 

@@ -1,10 +1,12 @@
 """Learner replicas (learner_svc.replicas) in real processes over gloo: the group's averaged gradient is
 the one learner's gradient over the union of the replicas' batches, replica 0's state becomes everyone's,
-and a replica's non-finite batch makes every replica skip the step."""
+and a replica's non-finite batch makes every replica skip the step. On a GPU too, two replicas sharing it
+(learner.group_backend=gloo; NCCL refuses two ranks on one GPU)."""
 
 import multiprocessing as mp
 
 import numpy as np
+import pytest
 import torch
 
 from lbc.config import load_config
@@ -17,13 +19,13 @@ OVERRIDES = ["learner.warmup_steps=0", "learner.split_batch=1", "learner.batch_s
 
 
 def _flat(tensors) -> np.ndarray:
-    return torch.cat([t.detach().flatten() for t in tensors]).numpy()
+    return torch.cat([t.detach().flatten() for t in tensors]).cpu().numpy()
 
 
-def _replica(rank: int, port: int, out: mp.Queue) -> None:
+def _replica(rank: int, port: int, out: mp.Queue, device: str) -> None:
     torch.set_num_threads(1)
-    cfg = load_config("catch", OVERRIDES)
-    group = ReplicaGroup(rank, 2, "127.0.0.1", port, torch.device("cpu"), timeout_s=60)
+    cfg = load_config("catch", [*OVERRIDES, f"learner.device={device}"])
+    group = ReplicaGroup(rank, 2, "127.0.0.1", port, torch.device(device), timeout_s=60, backend="gloo")
     trainer = Trainer(cfg)   # alone for its first step: replica 0 as if resumed, with optimiser state
     if rank == 0:
         trainer.train_step(_batch(cfg, np.random.default_rng(50)))
@@ -37,7 +39,7 @@ def _replica(rank: int, port: int, out: mp.Queue) -> None:
     moments = _flat(s["exp_avg_sq"] for s in trainer.optimiser.state.values())
     trainer.optimiser.zero_grad(set_to_none=True)
     trainer._split_backward(trainer.prepare(_batch(cfg, np.random.default_rng(100 + rank))))
-    finite = bool(group.average_gradients(trainer.parameters, torch.tensor(True)))
+    finite = bool(group.average_gradients(trainer.parameters, torch.tensor(True, device=device)))
     grads = _flat(p.grad for p in trainer.parameters)
     poisoned = _batch(cfg, np.random.default_rng(7))
     if rank == 1:
@@ -47,11 +49,13 @@ def _replica(rank: int, port: int, out: mp.Queue) -> None:
     group.close()
 
 
-def test_the_groups_gradient_is_the_gradient_over_the_union_of_the_batches():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="two replicas sharing a GPU need a visible GPU"))])
+def test_the_groups_gradient_is_the_gradient_over_the_union_of_the_batches(device):
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_replica, args=(rank, port, out)) for rank in range(2)]
+    procs = [ctx.Process(target=_replica, args=(rank, port, out, device)) for rank in range(2)]
     for p in procs:
         p.start()
     results = dict((r[0], r[1:]) for r in (out.get(timeout=120) for _ in procs))
@@ -59,10 +63,10 @@ def test_the_groups_gradient_is_the_gradient_over_the_union_of_the_batches():
         p.join(timeout=30)
         assert p.exitcode == 0
 
-    cfg = load_config("catch", OVERRIDES)
+    cfg = load_config("catch", [*OVERRIDES, f"learner.device={device}"])
     halves = [_batch(cfg, np.random.default_rng(100 + rank)) for rank in range(2)]
     union = {name: np.concatenate([h[name] for h in halves]) for name in halves[0]}
-    union_cfg = load_config("catch", [*OVERRIDES[:2], "learner.batch_size=8"])
+    union_cfg = load_config("catch", [*OVERRIDES[:2], "learner.batch_size=8", f"learner.device={device}"])
     alone = Trainer(union_cfg)
     alone.train_step(_batch(cfg, np.random.default_rng(50)))   # replica 0's first step, batch of 4
     alone.optimiser.zero_grad(set_to_none=True)
@@ -78,3 +82,8 @@ def test_the_groups_gradient_is_the_gradient_over_the_union_of_the_batches():
     np.testing.assert_array_equal(grads0, grads1)
     np.testing.assert_allclose(grads0, expected, rtol=1e-4, atol=1e-6)   # the mean over both batches
     assert finite0 and finite1 and skipped0 and skipped1                  # one poisoned batch: both skip
+
+
+def test_nccl_is_refused_for_a_learner_on_the_cpu():
+    with pytest.raises(ValueError, match="group_backend=nccl needs the learner on a GPU"):
+        ReplicaGroup(0, 2, "127.0.0.1", free_port(), torch.device("cpu"), backend="nccl")
