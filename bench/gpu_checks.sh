@@ -53,4 +53,4 @@ system "8. preset again, with py-spy after the window" --profile
 echo "== 9. GPU tests"
 timeout 140 "$PY" -m pytest -q -p no:cacheprovider -k "cuda or gpu or pinned or compiled or graphs" \
     tests/unit/test_devices.py tests/unit/test_stacked_frames.py tests/unit/test_prepare_ahead.py \
-    tests/unit/test_lstm_bptt.py tests/unit/test_training.py tests/unit/test_nets.py
+    tests/unit/test_lstm_bptt.py tests/unit/test_training.py tests/unit/test_nets.py tests/unit/test_replicas.py
