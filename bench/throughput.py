@@ -446,12 +446,18 @@ def _share(start: tuple[float, ...], end: tuple[float, ...]) -> float | None:
 
 # Settings that change how fast a stage runs and not what is learnt per frame (bf16: decisions 40 and 63, its
 # loss terms within 2% of fp32's, tests/unit/test_devices.py), each measured on the stage it acts on.
-LEVERS: dict[str, tuple[str, list[str]]] = {
-    # the preset keeps them (lbc.target_cache): this row is what keeping them gives, read backwards
-    "target outputs not kept": ("learner", ["learner.target_cache=false"]),
-    # likewise where the preset prepares batches ahead (`cpu`): the learner's CPU per sample without it
-    "batches not prepared ahead": ("learner", ["learner.prepare_ahead=false"]),
-}
+def learner_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
+    """The learner's levers against what the preset runs: batches prepared ahead or not, whichever it does not
+    (a row read backwards where it does), and, where it keeps a target network's outputs (lbc.target_cache),
+    not keeping them (read backwards: what keeping them gives). A lever the preset cannot use (a target cache
+    without a target network) is no row: it would measure the preset again."""
+    ahead = cfg.learner.prepare_ahead
+    levers = {f"batches {'not ' if ahead else ''}prepared ahead": ("learner", [f"learner.prepare_ahead={not ahead}"])}
+    if cfg.learner.target_update_every > 0 and cfg.learner.target_cache:
+        levers["target outputs not kept"] = ("learner", ["learner.target_cache=false"])
+    return levers
+
+
 # measured on a GPU learner only, where launching the recurrence's small kernels bounds the step (decision 56)
 GPU_LEVERS: dict[str, tuple[str, list[str]]] = {
     "recurrence as CUDA graphs": ("learner", ["learner.cuda_graphs=true"]),
@@ -540,8 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the whole system without measuring the stages first (no ceiling; needs --actors): "
                              "for A/B runs of settings where each minute counts, as on a lent GPU")
     parser.add_argument("--levers", action="store_true",
-                        help="also measure each speed lever on the stage it acts on: the learner's other precision, "
-                        + ", ".join(LEVERS)
+                        help="also measure each speed lever on the stage it acts on: the learner's and the actors' "
+                        "other precision, batches prepared ahead or not (whichever the preset does not), the target "
+                        "network's outputs not kept (where it keeps them)"
                         + "; and where the stages chose more than one actor, the whole system with one actor")
     parser.add_argument("--profile", action="store_true",
                         help="sample every service with py-spy right after the end-to-end window (bench.spy; within "
@@ -624,8 +631,9 @@ def stages(args: argparse.Namespace, cfg: Config) -> tuple[float, float, float, 
                else f"{args.cores} / (1/env + 1/inference + {ratio}/learner)")
     print(f"ceiling = {formula} = {ceiling:,.0f} agent steps/s = {ceiling * frame_skip:,.0f} frames/s", flush=True)
     if args.levers:
+        settings = precision_lever(cfg) | learner_levers(cfg) | (GPU_LEVERS if on_gpu else {})
         levers = {name: (stage, load_config(args.preset, [f"env.game={args.game}", *args.overrides, *sets]))
-                  for name, (stage, sets) in (precision_lever(cfg) | LEVERS | (GPU_LEVERS if on_gpu else {})).items()}
+                  for name, (stage, sets) in settings.items()}
         base = {"environment": env, "inference": inf, "learner": learn}
         for row in lever_table(levers, base, args.cores, args.stage_seconds):
             print(row, flush=True)

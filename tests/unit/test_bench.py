@@ -202,3 +202,15 @@ def test_the_learner_step_split_is_each_parts_seconds_per_step_in_the_window():
     assert split == pytest.approx({"batch": 50.0, "loss_backward": 150.0, "device_wait": 100.0})
     assert list(split) == ["batch", "loss_backward", "device_wait"]   # in the loop's order (PARTS)
     assert learner_step_split(reading(10, {"batch": 1.0}), reading(10, {"batch": 2.0})) == {}
+
+
+def test_the_learner_levers_measure_what_the_preset_does_not_run():
+    from bench.throughput import learner_levers
+
+    # `cpu` prepares ahead and keeps its target network's outputs: both rows read backwards
+    assert learner_levers(load_config("cpu")) == {
+        "batches not prepared ahead": ("learner", ["learner.prepare_ahead=False"]),
+        "target outputs not kept": ("learner", ["learner.target_cache=false"])}
+    # `impala` does neither and has no target network: preparing ahead is the one lever
+    assert learner_levers(load_config("impala")) == {
+        "batches prepared ahead": ("learner", ["learner.prepare_ahead=True"])}
