@@ -134,7 +134,7 @@ def test_the_learner_step_operation_count_grows_with_the_sequence_and_not_with_t
 
 
 def test_replay_waits_are_each_sides_waiting_seconds_over_the_window():
-    from bench.throughput import replay_waits
+    from bench.system import replay_waits
     # 12 s held and 1.5 s waited before the window, 18 and 1.5 after it: over 20 s, 30% and none
     held, waited = replay_waits((12.0, 1.5), (18.0, 1.5), 20.0)
     assert held == pytest.approx(0.30) and waited == 0.0
@@ -176,7 +176,7 @@ def test_the_frame_read_bench_times_every_read_and_leaves_the_current_read_in_pl
 
 
 def test_the_end_to_end_window_counts_between_two_readings_and_refuses_a_restart():
-    from bench.throughput import SystemReading, window_rates
+    from bench.system import SystemReading, window_rates
 
     def reading(t: float, frames: float, steps: float) -> SystemReading:
         return SystemReading(time=t, frames=frames, learner_steps=steps, lag=None, cpu={}, target_cache=(0.0, 0.0),
@@ -190,7 +190,7 @@ def test_the_end_to_end_window_counts_between_two_readings_and_refuses_a_restart
 
 
 def test_the_learner_step_split_is_each_parts_seconds_per_step_in_the_window():
-    from bench.throughput import SystemReading, learner_step_split
+    from bench.system import SystemReading, learner_step_split
 
     def reading(steps: float, seconds: dict[str, float]) -> SystemReading:
         return SystemReading(time=0.0, frames=0.0, learner_steps=steps, lag=None, cpu={}, target_cache=(0.0, 0.0),

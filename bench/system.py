@@ -1,0 +1,156 @@
+"""The whole system under the launcher, read from its own services: frames/s, learner steps/s, each service's
+CPU, which side of replay's rate limiter waits, the learner's step by part, and on a GPU machine nvidia-smi's
+utilisation (bench.throughput prints them against the stages alone)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench.cpu_use import service_cpu_seconds
+from bench.spy import profile_lines
+from lbc.config import Endpoints, load_config
+from lbc.launch import scrape, value
+from learner_svc.step_time import PARTS
+
+
+class GpuSampler:
+    """nvidia-smi's utilisation and memory, sampled every second in the background (GPU machines only)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits", "-l", "1"],
+            stdout=subprocess.PIPE, text=True)
+
+    def stop(self) -> tuple[float, float]:
+        """(mean utilisation %, peak memory used MiB) over the samples."""
+        self.proc.terminate()
+        rows = [line.split(",") for line in self.proc.communicate()[0].splitlines() if "," in line]
+        util = [float(r[0]) for r in rows]
+        return (float(np.mean(util)) if util else float("nan"), max((float(r[1]) for r in rows), default=float("nan")))
+
+
+def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: float, overrides: list[str],
+               profile: bool = False) -> dict:
+    """The whole system under the launcher: frames/s and learner steps/s over `seconds` after `warmup`, each
+    service's CPU seconds at the window's start and end ("cpu", "cpu_seconds", for bench.cpu_use.cpu_table),
+    all read from the services themselves at the same two moments; with `profile`, py-spy's table of where
+    each service thread spends and waits (bench.spy) under "profile", sampled after that window so that the
+    sampler's own CPU (a tenth to a fifth of a core) does not count against the figures."""
+    name = f"bench-{preset}-{game}"
+    run_dir = Path("runs") / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    span = min(20.0, seconds / 2) if profile else 0.0
+    # the launcher stops a little after the window, so that its own stopping costs the window nothing
+    duration = warmup + seconds + 5.0 + (span + 5.0 if profile else 0.0)
+    argv = [sys.executable, "-m", "lbc.launch", "--preset", preset, "--game", game, "--actors", str(actors),
+            "--name", name, "--duration", str(duration), "--progress-every", "5"]
+    for o in overrides:
+        argv += ["--set", o]
+    launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    endpoints = load_config(preset, [f"env.game={game}", *overrides]).endpoints
+    table: list[str] = []
+    time.sleep(warmup)
+    if launcher.poll() is not None:
+        raise RuntimeError(f"the launcher exited with {launcher.returncode} before the end-to-end window: see what "
+                           f"it printed above and {run_dir}/logs")
+    start = _system_reading(launcher.pid, endpoints, actors)
+    time.sleep(max(start.time + seconds - time.perf_counter(), 0.0))
+    end = _system_reading(launcher.pid, endpoints, actors)
+    if profile:
+        try:
+            table = profile_lines(launcher.pid, span)
+        except RuntimeError as e:   # no ptrace rights: the figures still count
+            table = [f"profile: {e}"]
+    if launcher.wait() != 0:
+        raise subprocess.CalledProcessError(launcher.returncode, argv)
+    frames_per_s, steps_per_s = window_rates(start, end)
+    return {"frames_per_s": frames_per_s, "learner_steps_per_s": steps_per_s, "seconds": end.time - start.time,
+            "lag": end.lag, "profile": table, "cpu": (start.cpu, end.cpu), "cpu_seconds": end.time - start.time,
+            "target_repeats": _share(start.target_cache, end.target_cache),
+            "waits": replay_waits(start.replay_waits, end.replay_waits, end.time - start.time),
+            "learner_step_ms": learner_step_split(start, end)}
+
+
+@dataclass(frozen=True)
+class SystemReading:
+    """What the running services count at one moment (end_to_end reads two)."""
+    time: float                          # time.perf_counter() midway through the reading
+    frames: float                        # emulator frames the actors played (lbc_actor_frames_total, summed)
+    learner_steps: float
+    lag: float | None                    # the learner's mean policy lag
+    cpu: dict[str, float]                # CPU seconds by service (bench.cpu_use)
+    target_cache: tuple[float, ...]      # TARGET_CACHE
+    replay_waits: tuple[float, ...]      # REPLAY_WAITS
+    learner_seconds: dict[str, float]    # the training thread's seconds by part (learner_svc.step_time)
+
+
+def _system_reading(launcher_pid: int, endpoints: Endpoints, actors: int) -> SystemReading:
+    before = time.perf_counter()
+    cpu = service_cpu_seconds(launcher_pid)
+    actor_frames = [value(scrape(endpoints.actor_metrics_base + i, timeout=5.0), "lbc_actor_frames_total")
+                    for i in range(actors)]
+    learner = scrape(endpoints.learner_metrics, timeout=5.0)
+    replay = scrape(endpoints.replay_metrics, timeout=5.0)
+    missing = [f"actor {i}" for i, f in enumerate(actor_frames) if f is None]
+    if value(learner, "lbc_learner_steps_total") is None:
+        missing.append("learner")
+    if missing:
+        raise RuntimeError(f"{', '.join(missing)} did not answer at its metrics port: the end-to-end window cannot "
+                           "be counted (is --warmup long enough for every service to start?)")
+    return SystemReading(time=(before + time.perf_counter()) / 2, frames=sum(actor_frames),
+                         learner_steps=value(learner, "lbc_learner_steps_total"),
+                         lag=value(learner, "lbc_learner_policy_lag", stat="mean"), cpu=cpu,
+                         target_cache=tuple(value(learner, n) or 0.0 for n in TARGET_CACHE),
+                         replay_waits=tuple(value(replay, n) or 0.0 for n in REPLAY_WAITS),
+                         learner_seconds={labels["part"]: v for labels, v in learner.get(STEP_SECONDS, [])})
+
+
+def learner_step_split(start: SystemReading, end: SystemReading) -> dict[str, float]:
+    """Milliseconds per learner step that the training thread spent in each part of its loop between two
+    readings (learner_svc.step_time.PARTS); empty without a step."""
+    steps = end.learner_steps - start.learner_steps
+    if steps <= 0:
+        return {}
+    return {part: 1e3 * (end.learner_seconds[part] - start.learner_seconds.get(part, 0.0)) / steps
+            for part in PARTS if part in end.learner_seconds}
+
+
+def window_rates(start: SystemReading, end: SystemReading) -> tuple[float, float]:
+    """(frames/s, learner steps/s) between two readings. A count that went down means a service restarted in
+    the window (its counters start again from zero), and the window does not measure the system."""
+    if end.frames < start.frames or end.learner_steps < start.learner_steps:
+        raise RuntimeError("a service restarted within the end-to-end window (a count went down); see its log "
+                           "under runs/")
+    seconds = end.time - start.time
+    return (end.frames - start.frames) / seconds, (end.learner_steps - start.learner_steps) / seconds
+
+
+STEP_SECONDS = "lbc_learner_step_seconds_total"
+# (hits, lookups) of the learner's kept target outputs (lbc.target_cache), 0 where not kept
+TARGET_CACHE = ("lbc_learner_target_cache_hits_total", "lbc_learner_target_cache_lookups_total")
+# seconds replay's rate limiter held the actors back, and a learner's request waited for data
+REPLAY_WAITS = ("lbc_replay_insert_blocked_seconds_total", "lbc_replay_sample_blocked_seconds_total")
+
+
+def replay_waits(start: tuple[float, float], end: tuple[float, float], seconds: float) -> tuple[float, float]:
+    """(actors held back, learner waiting for data) as shares of a window of `seconds`, from two readings of
+    REPLAY_WAITS: which side of the rate limiter waits on the other. The actors held back most of the time
+    means the learner bounds the system; the learner waiting, the actors."""
+    return ((end[0] - start[0]) / seconds, (end[1] - start[1]) / seconds)
+
+
+def _share(start: tuple[float, ...], end: tuple[float, ...]) -> float | None:
+    """hits / lookups between two readings of TARGET_CACHE; None without lookups."""
+    lookups = end[1] - start[1]
+    return (end[0] - start[0]) / lookups if lookups > 0 else None
+
+
+# Settings that change how fast a stage runs and not what is learnt per frame (bf16: decisions 40 and 63, its
+# loss terms within 2% of fp32's, tests/unit/test_devices.py), each measured on the stage it acts on.
