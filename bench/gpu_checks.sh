@@ -5,7 +5,8 @@
 # the GPU was half idle and the learner's process used 0.6 of a core. The likeliest reading, not yet measured:
 # its thread waits for a GPU that time-slices between 17 processes' contexts. So, each run the whole system alone (no stages first:
 # bench.throughput --end-to-end-only, about 60 s each, runs 1-8 about 8.5 minutes), at 16 actors, each printing
-# the learner's step in the system by part (lbc_learner_step_seconds_total: device_wait is its wait for the GPU):
+# the learner's step in the system by part (lbc_learner_step_seconds_total: device_wait is its wait for the GPU)
+# and an actor's loop by part (its inference includes its wait for the GPU):
 #   1-3. the preset; the learner's threads spinning while they wait for the GPU; the actors' too
 #        (learner.gpu_wait, actor.gpu_wait; both spinning gave 4.67 learner steps/s against 4.26-4.27);
 #   4-6. under NVIDIA's MPS, which lets the processes' kernels share the GPU instead of time-slicing, where

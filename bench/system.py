@@ -54,7 +54,8 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
     for o in overrides:
         argv += ["--set", o]
     launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-    endpoints = load_config(preset, [f"env.game={game}", *overrides]).endpoints
+    cfg = load_config(preset, [f"env.game={game}", *overrides])
+    endpoints = cfg.endpoints
     table: list[str] = []
     time.sleep(warmup)
     if launcher.poll() is not None:
@@ -75,7 +76,8 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
             "lag": end.lag, "profile": table, "cpu": (start.cpu, end.cpu), "cpu_seconds": end.time - start.time,
             "target_repeats": _share(start.target_cache, end.target_cache),
             "waits": replay_waits(start.replay_waits, end.replay_waits, end.time - start.time),
-            "learner_step_ms": learner_step_split(start, end)}
+            "learner_step_ms": learner_step_split(start, end),
+            "actor_loop_ms": actor_loop_split(start, end, actors, cfg.env.num_envs * cfg.env.frames_per_step)}
 
 
 @dataclass(frozen=True)
@@ -89,13 +91,14 @@ class SystemReading:
     target_cache: tuple[float, ...]      # TARGET_CACHE
     replay_waits: tuple[float, ...]      # REPLAY_WAITS
     learner_seconds: dict[str, float]    # the training thread's seconds by part (learner_svc.step_time)
+    actor_seconds: tuple[float, ...]     # ACTOR_SECONDS, summed over the actors
 
 
 def _system_reading(launcher_pid: int, endpoints: Endpoints, actors: int) -> SystemReading:
     before = time.perf_counter()
     cpu = service_cpu_seconds(launcher_pid)
-    actor_frames = [value(scrape(endpoints.actor_metrics_base + i, timeout=5.0), "lbc_actor_frames_total")
-                    for i in range(actors)]
+    actor_metrics = [scrape(endpoints.actor_metrics_base + i, timeout=5.0) for i in range(actors)]
+    actor_frames = [value(m, "lbc_actor_frames_total") for m in actor_metrics]
     learner = scrape(endpoints.learner_metrics, timeout=5.0)
     replay = scrape(endpoints.replay_metrics, timeout=5.0)
     missing = [f"actor {i}" for i, f in enumerate(actor_frames) if f is None]
@@ -109,7 +112,23 @@ def _system_reading(launcher_pid: int, endpoints: Endpoints, actors: int) -> Sys
                          lag=value(learner, "lbc_learner_policy_lag", stat="mean"), cpu=cpu,
                          target_cache=tuple(value(learner, n) or 0.0 for n in TARGET_CACHE),
                          replay_waits=tuple(value(replay, n) or 0.0 for n in REPLAY_WAITS),
-                         learner_seconds={labels["part"]: v for labels, v in learner.get(STEP_SECONDS, [])})
+                         learner_seconds={labels["part"]: v for labels, v in learner.get(STEP_SECONDS, [])},
+                         actor_seconds=tuple(sum(value(m, n) or 0.0 for m in actor_metrics) for n in ACTOR_SECONDS))
+
+
+def actor_loop_split(start: SystemReading, end: SystemReading, actors: int, frames_per_loop: int
+                     ) -> dict[str, float]:
+    """Milliseconds an actor's loop (its games stepped once, `frames_per_loop` frames) spent on average between
+    two readings: stepping the games, inference (on a GPU with its wait for the device), waiting for replay to
+    take a sequence (its rate limiter), and the rest of the loop, which with them adds up to the window's wall
+    time; empty without a loop."""
+    loops = (end.frames - start.frames) / frames_per_loop
+    if loops <= 0:
+        return {}
+    seconds = [b - a for a, b in zip(start.actor_seconds, end.actor_seconds, strict=True)]
+    parts = {name: 1e3 * s / loops for name, s in zip(ACTOR_PARTS, seconds, strict=True)}
+    wall = 1e3 * (end.time - start.time) * actors / loops
+    return {**parts, "the rest": wall - sum(parts.values())}
 
 
 def learner_step_split(start: SystemReading, end: SystemReading) -> dict[str, float]:
@@ -133,6 +152,10 @@ def window_rates(start: SystemReading, end: SystemReading) -> tuple[float, float
 
 
 STEP_SECONDS = "lbc_learner_step_seconds_total"
+# an actor's loop: its games, its inference, its waits for replay to take a sequence
+ACTOR_SECONDS = ("lbc_actor_env_seconds_total", "lbc_actor_inference_seconds_total",
+                 "lbc_actor_send_blocked_seconds_total")
+ACTOR_PARTS = ("games", "inference", "waiting for replay")
 # (hits, lookups) of the learner's kept target outputs (lbc.target_cache), 0 where not kept
 TARGET_CACHE = ("lbc_learner_target_cache_hits_total", "lbc_learner_target_cache_lookups_total")
 # seconds replay's rate limiter held the actors back, and a learner's request waited for data

@@ -547,6 +547,11 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
                 split = e2e["learner_step_ms"]
                 print(f"learner step in the system, ms (the training thread, {sum(split.values()):,.1f} a step): "
                       + ", ".join(f"{part} {ms:,.1f}" for part, ms in split.items()), flush=True)
+            if e2e["actor_loop_ms"]:
+                split = e2e["actor_loop_ms"]
+                print(f"an actor's loop in the system, ms (its {cfg.env.num_envs} games stepped once, "
+                      f"{sum(split.values()):,.1f} a loop): "
+                      + ", ".join(f"{part} {ms:,.1f}" for part, ms in split.items()), flush=True)
             print(f"CPU by service over {e2e['cpu_seconds']:.0f} s of that window:", flush=True)
             for row in cpu_table(*e2e["cpu"], e2e["cpu_seconds"], achieved, args.cores):
                 print(row, flush=True)

@@ -180,7 +180,7 @@ def test_the_end_to_end_window_counts_between_two_readings_and_refuses_a_restart
 
     def reading(t: float, frames: float, steps: float) -> SystemReading:
         return SystemReading(time=t, frames=frames, learner_steps=steps, lag=None, cpu={}, target_cache=(0.0, 0.0),
-                             replay_waits=(0.0, 0.0), learner_seconds={})
+                             replay_waits=(0.0, 0.0), learner_seconds={}, actor_seconds=(0.0, 0.0, 0.0))
 
     assert window_rates(reading(10.0, 4_000, 7), reading(14.0, 24_000, 15)) == (5_000.0, 2.0)
     with pytest.raises(RuntimeError, match="restarted"):   # an actor's counter started again from zero
@@ -194,7 +194,7 @@ def test_the_learner_step_split_is_each_parts_seconds_per_step_in_the_window():
 
     def reading(steps: float, seconds: dict[str, float]) -> SystemReading:
         return SystemReading(time=0.0, frames=0.0, learner_steps=steps, lag=None, cpu={}, target_cache=(0.0, 0.0),
-                             replay_waits=(0.0, 0.0), learner_seconds=seconds)
+                             replay_waits=(0.0, 0.0), learner_seconds=seconds, actor_seconds=(0.0, 0.0, 0.0))
 
     # 4 steps: 0.2 s waiting for batches, 0.6 s of loss and backward, device_wait first seen at the end
     split = learner_step_split(reading(10, {"batch": 1.0, "loss_backward": 2.0}),
@@ -214,3 +214,19 @@ def test_the_learner_levers_measure_what_the_preset_does_not_run():
     # `impala` does neither and has no target network: preparing ahead is the one lever
     assert learner_levers(load_config("impala")) == {
         "batches prepared ahead": ("learner", ["learner.prepare_ahead=True"])}
+
+
+def test_an_actors_loop_split_is_each_parts_milliseconds_per_loop_and_adds_up_to_the_window():
+    from bench.system import SystemReading, actor_loop_split
+
+    def reading(t: float, frames: float, seconds: tuple[float, float, float]) -> SystemReading:
+        return SystemReading(time=t, frames=frames, learner_steps=0.0, lag=None, cpu={}, target_cache=(0.0, 0.0),
+                             replay_waits=(0.0, 0.0), learner_seconds={}, actor_seconds=seconds)
+
+    # two actors of 32 games at 4 frames a step for 10 s: 200 loops each, 400 in all (25,600 frames each);
+    # their seconds summed: games 8, inference 6, waiting for replay 4, so 2 s of the 20 went elsewhere
+    split = actor_loop_split(reading(5.0, 1_000, (1.0, 1.0, 1.0)), reading(15.0, 1_000 + 2 * 25_600, (9.0, 7.0, 5.0)),
+                             actors=2, frames_per_loop=32 * 4)
+    assert split == pytest.approx({"games": 20.0, "inference": 15.0, "waiting for replay": 10.0, "the rest": 5.0})
+    assert sum(split.values()) == pytest.approx(1e3 * 10.0 * 2 / 400)   # each loop's share of the actors' time
+    assert actor_loop_split(reading(5.0, 1_000, (0.0,) * 3), reading(6.0, 1_000, (0.0,) * 3), 1, 128) == {}
