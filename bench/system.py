@@ -17,7 +17,7 @@ from bench.cpu_use import service_cpu_seconds
 from bench.spy import profile_lines
 from lbc.config import Endpoints, load_config
 from lbc.launch import scrape, value
-from learner_svc.step_time import PARTS
+from learner_svc.step_time import PARTS, STEP_SECONDS_NAME
 
 
 class GpuSampler:
@@ -39,7 +39,7 @@ class GpuSampler:
 def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: float, overrides: list[str],
                profile: bool = False) -> dict:
     """The whole system under the launcher: frames/s and learner steps/s over `seconds` after `warmup`, each
-    service's CPU seconds at the window's start and end ("cpu", "cpu_seconds", for bench.cpu_use.cpu_table),
+    service's CPU seconds at the window's start and end ("cpu", over "seconds", for bench.cpu_use.cpu_table),
     all read from the services themselves at the same two moments; with `profile`, py-spy's table of where
     each service thread spends and waits (bench.spy) under "profile", sampled after that window so that the
     sampler's own CPU (a tenth to a fifth of a core) does not count against the figures."""
@@ -73,7 +73,7 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
         raise subprocess.CalledProcessError(launcher.returncode, argv)
     frames_per_s, steps_per_s = window_rates(start, end)
     return {"frames_per_s": frames_per_s, "learner_steps_per_s": steps_per_s, "seconds": end.time - start.time,
-            "lag": end.lag, "profile": table, "cpu": (start.cpu, end.cpu), "cpu_seconds": end.time - start.time,
+            "lag": end.lag, "profile": table, "cpu": (start.cpu, end.cpu),
             "target_repeats": _share(start.target_cache, end.target_cache),
             "waits": replay_waits(start.replay_waits, end.replay_waits, end.time - start.time),
             "learner_step_ms": learner_step_split(start, end),
@@ -112,7 +112,7 @@ def _system_reading(launcher_pid: int, endpoints: Endpoints, actors: int) -> Sys
                          lag=value(learner, "lbc_learner_policy_lag", stat="mean"), cpu=cpu,
                          target_cache=tuple(value(learner, n) or 0.0 for n in TARGET_CACHE),
                          replay_waits=tuple(value(replay, n) or 0.0 for n in REPLAY_WAITS),
-                         learner_seconds={labels["part"]: v for labels, v in learner.get(STEP_SECONDS, [])},
+                         learner_seconds={labels["part"]: v for labels, v in learner.get(STEP_SECONDS_NAME, [])},
                          actor_seconds=tuple(sum(value(m, n) or 0.0 for m in actor_metrics) for n in ACTOR_SECONDS))
 
 
@@ -151,7 +151,6 @@ def window_rates(start: SystemReading, end: SystemReading) -> tuple[float, float
     return (end.frames - start.frames) / seconds, (end.learner_steps - start.learner_steps) / seconds
 
 
-STEP_SECONDS = "lbc_learner_step_seconds_total"
 # an actor's loop: its games, its inference, its waits for replay to take a sequence
 ACTOR_SECONDS = ("lbc_actor_env_seconds_total", "lbc_actor_inference_seconds_total",
                  "lbc_actor_send_blocked_seconds_total")
@@ -174,6 +173,3 @@ def _share(start: tuple[float, ...], end: tuple[float, ...]) -> float | None:
     lookups = end[1] - start[1]
     return (end[0] - start[0]) / lookups if lookups > 0 else None
 
-
-# Settings that change how fast a stage runs and not what is learnt per frame (bf16: decisions 40 and 63, its
-# loss terms within 2% of fp32's, tests/unit/test_devices.py), each measured on the stage it acts on.

@@ -308,6 +308,8 @@ def learner_operations(cfg: Config, batch_size: int = 2) -> int:
     return counter.count
 
 
+# Settings that change how fast a stage runs and not what is learnt per frame (bf16: decisions 40 and 63, its
+# loss terms within 2% of fp32's, tests/unit/test_devices.py), each measured on the stage it acts on.
 def learner_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
     """The learner's levers against what the preset runs: batches prepared ahead or not, whichever it does not
     (a row read backwards where it does), and, where it keeps a target network's outputs (lbc.target_cache),
@@ -502,6 +504,12 @@ def stages(args: argparse.Namespace, cfg: Config) -> tuple[float, float, float, 
     return env, inf, learn, ceiling
 
 
+def split_line(what: str, unit: str, split: dict[str, float]) -> str:
+    """One part-by-part line of milliseconds (bench.system's learner_step_split, actor_loop_split)."""
+    return (f"{what} in the system, ms ({unit}, {sum(split.values()):,.1f} in all): "
+            + ", ".join(f"{part} {ms:,.1f}" for part, ms in split.items()))
+
+
 def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, inf: float | None,
                      learn: float | None, ceiling: float | None) -> None:
     """The whole system with each actor count, a line each; for args.actors also achieved / ceiling (where
@@ -543,17 +551,12 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
         if actors == args.actors:
             if ceiling is not None:
                 print(f"achieved / ceiling = {achieved / ceiling:.2f}", flush=True)
-            if e2e["learner_step_ms"]:
-                split = e2e["learner_step_ms"]
-                print(f"learner step in the system, ms (the training thread, {sum(split.values()):,.1f} a step): "
-                      + ", ".join(f"{part} {ms:,.1f}" for part, ms in split.items()), flush=True)
-            if e2e["actor_loop_ms"]:
-                split = e2e["actor_loop_ms"]
-                print(f"an actor's loop in the system, ms (its {cfg.env.num_envs} games stepped once, "
-                      f"{sum(split.values()):,.1f} a loop): "
-                      + ", ".join(f"{part} {ms:,.1f}" for part, ms in split.items()), flush=True)
-            print(f"CPU by service over {e2e['cpu_seconds']:.0f} s of that window:", flush=True)
-            for row in cpu_table(*e2e["cpu"], e2e["cpu_seconds"], achieved, args.cores):
+            for what, unit, key in (("learner step", "the training thread", "learner_step_ms"),
+                                    ("an actor's loop", f"its {cfg.env.num_envs} games stepped once", "actor_loop_ms")):
+                if e2e[key]:
+                    print(split_line(what, unit, e2e[key]), flush=True)
+            print(f"CPU by service over {e2e['seconds']:.0f} s of that window:", flush=True)
+            for row in cpu_table(*e2e["cpu"], e2e["seconds"], achieved, args.cores):
                 print(row, flush=True)
             for row in e2e["profile"]:
                 print(row, flush=True)

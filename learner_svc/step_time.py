@@ -23,7 +23,8 @@ PARTS = {
     "ahead_wait": "waiting for the thread that prepares the next batch (learner.prepare_ahead)",
     "after": "metrics, publishing parameters, checkpoints",
 }
-STEP_SECONDS = Counter("lbc_learner_step_seconds_total", "Seconds of the learner's training thread by part of its "
+STEP_SECONDS_NAME = "lbc_learner_step_seconds_total"   # as exported (bench.system reads it)
+STEP_SECONDS = Counter(STEP_SECONDS_NAME, "Seconds of the learner's training thread by part of its "
                        "loop: " + "; ".join(f"{part}: {what}" for part, what in PARTS.items()), ["part"])
 for _part in PARTS:
     STEP_SECONDS.labels(_part)   # each part exported from the start, at 0
