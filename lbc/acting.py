@@ -9,6 +9,7 @@ the next, so that each caller only decides what counts as an episode boundary.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -95,20 +96,24 @@ def forward(net: LBCNet, obs: np.ndarray, inputs: CoreInputs, extra: torch.Tenso
     return NetOutput(adv=torch.from_numpy(adv), value=torch.from_numpy(value), state=out.state)
 
 
+# One acting step of the network for every environment: forward(net, ...) bound to a network, or the inference
+# service's (actor_svc.remote.RemoteNetwork.forward).
+Step = Callable[[np.ndarray, CoreInputs, "torch.Tensor | None"], NetOutput]
+
+
 @torch.no_grad()
-def cut_episode_values(net: LBCNet, result: StepResult, actions: np.ndarray, state: tuple[torch.Tensor, torch.Tensor],
-                       extra: torch.Tensor | None = None) -> np.ndarray:
+def cut_episode_values(step: Step, result: StepResult, actions: np.ndarray, state: tuple[torch.Tensor, torch.Tensor],
+                       extra: torch.Tensor | None = None) -> np.ndarray | None:
     """[E, N] float32: each policy's V of the last observation of the episodes the frame cap cut in this
-    step (result.truncated), 0 elsewhere: the learner bootstraps those steps from it (lbc.losses.vtrace).
-    The network reads that observation as the step after x_t would have been read: after action a_t and
-    reward r_t, from the state after x_t."""
-    values = np.zeros((len(actions), net.num_policies), np.float32)
+    step (result.truncated), 0 elsewhere; None where no episode was cut. The learner bootstraps those steps
+    from it (lbc.losses.vtrace). The network reads that observation as the step after x_t would have been
+    read: after action a_t and reward r_t, from the state after x_t."""
     if result.final_obs is None or not result.truncated.any():
-        return values
+        return None
     inputs = CoreInputs(actions.astype(np.int64), result.reward.astype(np.float32), np.zeros(len(actions), bool),
                         state)
-    out = forward(net, result.final_obs, inputs, extra)
-    values[result.truncated] = out.value[0].numpy()[result.truncated]
+    values = step(result.final_obs, inputs, extra).value[0].numpy().copy()
+    values[~result.truncated] = 0.0
     return values
 
 

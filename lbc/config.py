@@ -259,11 +259,30 @@ class ActorConfig(_Section):
     gpu_wait: GpuWait = Field("sleep", description="how actors and the evaluator wait for their inference on a "
                               "GPU: sleep (the core is free meanwhile) or spin (CUDA's busy wait); "
                               "lbc.devices.wait_for_gpu")
+    inference: Literal["local", "remote"] = Field(
+        "local", description="local: each actor runs its network on its own games; remote: actors send each step's "
+        "inputs to the inference service (python -m actor_svc --mode infer, endpoints.inference), which batches "
+        "every actor's games into one forward pass with the newest parameters (SEED RL's central inference; "
+        "inference.* settings, actor_svc.remote)")
     precision: Precision = Field("fp32", description="bf16: the acting network's convolutions and linear layers "
                                  "hold bfloat16 weights (each pull converts into them) and run in bfloat16, its "
                                  "outputs and recurrent state fp32; actors, the evaluator, lbc evaluate and lbc play; "
                                  "auto: bf16 on a CPU that computes in bfloat16 natively, else fp32 "
                                  "(lbc.acting.set_precision, lbc.devices.compute_precision)")
+
+
+class InferenceConfig(_Section):
+    """The inference service (`python -m actor_svc --mode infer`) that actors with actor.inference=remote act
+    through: one network on inference.device, one forward pass over the games of every request that came in
+    together. Its network computes in actor.precision on that device and pulls parameters every
+    actor.pull_every passes."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when a GPU is visible")
+    max_batch_envs: int = Field(1024, ge=1, description="games one forward pass takes at most; the requests "
+                                "beyond wait for the next pass")
+    max_wait_ms: float = Field(1.0, ge=0.0, le=1000.0, description="after the first request of a pass, how long "
+                               "to wait for more (requests already queued are always taken)")
+    threads: int = Field(1, ge=1, description="torch's intra-op threads for the service's forward pass")
 
 
 class NguConfig(_Section):
@@ -332,6 +351,10 @@ class Endpoints(_Section):
     bandit_metrics: int = 9103
     eval_metrics: int = 9104
     eval_health: str = "127.0.0.1:50054"
+    inference: str = Field("tcp://127.0.0.1:5557", description="the inference service's ZeroMQ socket "
+                           "(actor.inference=remote)")
+    inference_health: str = "127.0.0.1:50055"
+    inference_metrics: int = 9105
     actor_metrics_base: int = 9110
     learner_group: str = Field("127.0.0.1:29500", description="where learner replicas meet (replica 0 listens)")
     learner_replica_metrics_base: int = Field(9140, description="replica r > 0 serves its metrics at this + r")
@@ -345,7 +368,7 @@ def endpoint_port(endpoint: str) -> int:
     return int(endpoint.rsplit(":", 1)[1])
 
 
-# Ports from one base (the launcher's --port-base): fixed services at base..base+10, learner replica r's
+# Ports from one base (the launcher's --port-base): fixed services at base..base+13, learner replica r's
 # metrics at base+20+r, actor i's health and metrics at base+100+i and base+200+i, so up to 100 actors and
 # 64 learner replicas never collide with a service.
 PORT_BASE_SPAN = 300
@@ -369,7 +392,9 @@ def endpoints_from_base(base: int) -> list[str]:
             f"endpoints.replay_health={host}:{base + 4}", f"endpoints.eval_health={host}:{base + 5}",
             f"endpoints.learner_metrics={base + 6}", f"endpoints.replay_metrics={base + 7}",
             f"endpoints.bandit_metrics={base + 8}", f"endpoints.eval_metrics={base + 9}",
-            f"endpoints.learner_group={host}:{base + 10}", f"endpoints.learner_replica_metrics_base={base + 20}",
+            f"endpoints.learner_group={host}:{base + 10}", f"endpoints.inference=tcp://{host}:{base + 11}",
+            f"endpoints.inference_health={host}:{base + 12}", f"endpoints.inference_metrics={base + 13}",
+            f"endpoints.learner_replica_metrics_base={base + 20}",
             f"endpoints.actor_health_base={base + 100}", f"endpoints.actor_metrics_base={base + 200}"]
 
 
@@ -393,6 +418,7 @@ class Config(BaseSettings):
     replay: ReplayConfig = ReplayConfig()
     learner: LearnerConfig = LearnerConfig()
     actor: ActorConfig = ActorConfig()
+    inference: InferenceConfig = InferenceConfig()
     ngu: NguConfig = NguConfig()
     eval: EvalConfig = EvalConfig()
     endpoints: Endpoints = Endpoints()
@@ -462,6 +488,9 @@ class Config(BaseSettings):
             raise ValueError("learner.target_policy=behaviour_temperature needs one component per policy")
         if self.behaviour.family == "epsilon_greedy_mixture" and self.behaviour.tau_range[1] > 1.0:
             raise ValueError("behaviour.tau_range holds epsilon for epsilon_greedy_mixture and must lie in [0, 1]")
+        if self.ngu.enabled and self.actor.inference == "remote":
+            raise ValueError("actor.inference=remote covers the LBC family: NGU's actors compute their intrinsic "
+                             "rewards with networks of their own, pulled with the policy")
         if self.ngu.enabled:
             self._check_ngu()
         elif self.bandit.algorithm == "sliding_window_ucb":

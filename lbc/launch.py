@@ -227,6 +227,8 @@ def build_children(args: argparse.Namespace, overrides: list[str], run_dir: Path
     ]
     children += [Child(f"learner-{r}", [py, "-m", "learner_svc", *common, "--rank", str(r)], logs / f"learner-{r}.log")
                  for r in range(1, cfg.learner.replicas)]
+    if cfg.actor.inference == "remote":
+        children.append(Child("inference", [py, "-m", "actor_svc", *common, "--mode", "infer"], logs / "inference.log"))
     children += [Child(f"actor-{i}", [py, "-m", "actor_svc", *common, "--index", str(i), "--actor-id", f"actor-{i}"],
                        logs / f"actor-{i}.log") for i in range(args.actors)]
     if cfg.eval.enabled:

@@ -49,6 +49,8 @@ def endpoint_overrides(run_dir: Path) -> list[str]:
         f"endpoints.actor_metrics_base={free_port()}", f"endpoints.actor_health_base={free_port()}",
         f"endpoints.eval_metrics={free_port()}", f"endpoints.eval_health=127.0.0.1:{free_port()}",
         f"endpoints.learner_group=127.0.0.1:{free_port()}", f"endpoints.learner_replica_metrics_base={free_port()}",
+        f"endpoints.inference=tcp://127.0.0.1:{free_port()}", f"endpoints.inference_health=127.0.0.1:{free_port()}",
+        f"endpoints.inference_metrics={free_port()}",
     ]
 
 

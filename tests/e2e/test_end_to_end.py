@@ -55,9 +55,15 @@ def _learns_catch(tmp_path, name: str, preset: str, target: float, *extra: str):
 @pytest.mark.parametrize("variant", [
     pytest.param(["--set", "replay.prioritised=true"], marks=EXTENDED),
     ["--set", "learner.target_policy=behaviour_temperature"],
-], ids=["prioritised-replay", "behaviour-temperature"])
+    ["--actors", "2", "--set", "actor.inference=remote"],
+], ids=["prioritised-replay", "behaviour-temperature", "remote-inference"])
 def test_lbc_bm_variants_learn_catch(tmp_path, variant):
     _learns_catch(tmp_path, "e2e-catch", "catch", 0.9, *variant)
+    if "actor.inference=remote" in variant:   # both actors acted through the one inference service
+        log = (tmp_path / "e2e-catch" / "logs" / "inference.log").read_text()
+        assert "inference up at" in log, log[-2000:]
+        for actor in (0, 1):
+            assert "inference at" in (tmp_path / "e2e-catch" / "logs" / f"actor-{actor}.log").read_text()
 
 
 def test_short_pong_run(tmp_path):

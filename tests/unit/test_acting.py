@@ -1,6 +1,8 @@
 """The acting step shared by actors, the evaluator and `lbc play`: core inputs across episode boundaries,
 the evaluation policy per preset, and which evaluation episodes count."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
@@ -110,10 +112,13 @@ def test_an_episode_cut_by_the_cap_brings_its_last_observation_and_its_value(pre
     assert result.truncated.all() and result.done.all() and result.final_obs is not None
     assert result.final_obs.shape == result.obs.shape and result.final_obs.dtype == result.obs.dtype
     assert not np.array_equal(result.final_obs, result.obs)   # not the next episode's start
-    values = cut_episode_values(net, result, actions, out.state)
+    step = partial(forward, net)
+    values = cut_episode_values(step, result, actions, out.state)
     after = CoreInputs(actions, result.reward, np.zeros(2, bool), out.state)
     expected = forward(net, result.final_obs, after).value[0].numpy()
     np.testing.assert_allclose(values, expected, rtol=1e-6)
     partly = type(result)(result.obs, result.reward, result.done, np.array([True, False]), result.life_lost,
                           result.final_obs)
-    assert cut_episode_values(net, partly, actions, out.state)[1].tolist() == [0.0] * cfg.num_policies
+    assert cut_episode_values(step, partly, actions, out.state)[1].tolist() == [0.0] * cfg.num_policies
+    uncut = type(result)(result.obs, result.reward, result.done, np.zeros(2, bool), result.life_lost, None)
+    assert cut_episode_values(step, uncut, actions, out.state) is None

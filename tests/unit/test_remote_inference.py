@@ -1,0 +1,69 @@
+"""Central inference's pure parts: one pass over several actors' games gives each actor what its own pass
+would, and the wire refuses what does not fit the network."""
+
+import numpy as np
+import pytest
+import torch
+
+from actor_svc.inference_server import batched_forward
+from actor_svc.remote import check_message, reply_layout, request_arrays, request_layout
+from lbc.acting import CoreInputs, forward
+from lbc.codec import CodecError
+from lbc.config import load_config
+from lbc.envs import env_spec
+from lbc.nets import build_net
+
+
+def _request(rng: np.random.Generator, net, spec, games: int) -> dict[str, np.ndarray]:
+    obs = rng.integers(0, 256, (games, *spec.obs_shape), dtype=np.uint8)
+    state = tuple(torch.from_numpy(rng.normal(size=(games, net.lstm_size)).astype(np.float32)) for _ in range(2))
+    inputs = CoreInputs(rng.integers(0, spec.num_actions, games), rng.normal(size=games).astype(np.float32),
+                        rng.random(games) < 0.3, state)
+    return request_arrays(obs, inputs)
+
+
+@pytest.mark.parametrize("preset", ["catch", "cpu"])
+def test_one_pass_over_several_requests_gives_each_its_own_rows(preset):
+    """Requests of 3, 1 and 5 games (states, resets and previous actions drawn at random) in one pass: each
+    request's rows equal a pass over that request alone, in float32 up to another batch size's rounding."""
+    cfg = load_config(preset, ["actor.precision=fp32"])
+    spec = env_spec(cfg.env)
+    torch.manual_seed(0)
+    net = build_net(cfg, spec.obs_shape, spec.num_actions).eval()
+    rng = np.random.default_rng(0)
+    requests = [_request(rng, net, spec, games) for games in (3, 1, 5)]
+    replies = batched_forward(net, requests)
+    layout = reply_layout(cfg.num_policies, spec.num_actions, net.lstm_size)
+    for request, reply in zip(requests, replies, strict=True):
+        assert check_message(reply, layout, 8) == len(request["reset"])
+        state = (torch.from_numpy(request["h"]), torch.from_numpy(request["c"]))
+        alone = forward(net, request["obs"], CoreInputs(request["prev_action"], request["prev_reward"],
+                                                        request["reset"], state))
+        np.testing.assert_allclose(reply["adv"], alone.adv[0].numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(reply["value"], alone.value[0].numpy(), rtol=1e-4, atol=1e-5)
+        for got, want in zip((reply["h"], reply["c"]), alone.state, strict=True):
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_the_wire_refuses_what_does_not_fit_the_network():
+    cfg = load_config("catch", [])
+    spec = env_spec(cfg.env)
+    net = build_net(cfg, spec.obs_shape, spec.num_actions).eval()
+    layout = request_layout(spec, net.lstm_size)
+    good = _request(np.random.default_rng(1), net, spec, 4)
+    assert check_message(good, layout, 4) == 4
+    with pytest.raises(CodecError, match="5 games in one message; 1 to 4"):
+        check_message(_request(np.random.default_rng(1), net, spec, 5), layout, 4)
+    with pytest.raises(CodecError, match="'obs'"):   # another game's frames
+        check_message({**good, "obs": np.zeros((4, 1, 3, 3), np.uint8)}, layout, 8)
+    with pytest.raises(CodecError, match="'h'"):   # another network's state
+        check_message({**good, "h": np.zeros((4, net.lstm_size + 1), np.float32)}, layout, 8)
+    with pytest.raises(CodecError, match="'reset'"):   # games that disagree
+        check_message({**good, "reset": good["reset"][:3]}, layout, 8)
+    with pytest.raises(CodecError, match="missing"):
+        check_message({k: v for k, v in good.items() if k != "c"}, layout, 8)
+
+
+def test_remote_inference_is_refused_for_ngu():
+    with pytest.raises(ValueError, match="actor.inference=remote covers the LBC family"):
+        load_config("ngu", ["actor.inference=remote"])
