@@ -27,7 +27,7 @@ from actor_svc.remote import (
     REPLY,
     REQUEST,
     bytes_per_game,
-    check_message,
+    check_request,
     request_layout,
 )
 from lbc import codec
@@ -143,7 +143,7 @@ def run(cfg: Config, stop: threading.Event, ready: Callable[[], None] = lambda: 
             identity, body = frames[0], frames[1:]
             try:
                 msg = codec.decode(body, max_bytes=max_request_bytes, expected_kind=REQUEST)
-                check_message(msg.arrays, layout, ic.max_batch_envs)
+                check_request(msg.arrays, layout, ic.max_batch_envs, spec.num_actions)
             except codec.CodecError as exc:
                 REJECTED.labels(exc.reason).inc()
                 log.warning("refused a request (%s): %s", exc.reason, str(exc)[:200])

@@ -79,6 +79,15 @@ def check_message(arrays: dict[str, np.ndarray], layout: codec.Layout, max_games
     return games
 
 
+def check_request(arrays: dict[str, np.ndarray], layout: codec.Layout, max_games: int, num_actions: int) -> int:
+    """check_message for a request, and its previous actions among the network's: E, or CodecError."""
+    games = check_message(arrays, layout, max_games)
+    actions = arrays["prev_action"]
+    if actions.min() < 0 or actions.max() >= num_actions:
+        raise codec.CodecError(f"previous actions outside 0..{num_actions - 1}", "value")
+    return games
+
+
 def request_arrays(obs: np.ndarray, inputs: CoreInputs) -> dict[str, np.ndarray]:
     """What one step's request carries for `lbc.acting.forward(net, obs, inputs)`."""
     h, c = (s.detach().cpu().numpy() for s in inputs.state)

@@ -7,8 +7,10 @@
 # bench.throughput --end-to-end-only, about 60 s each, runs 1-8 about 8.5 minutes), at 16 actors, each printing
 # the learner's step in the system by part (lbc_learner_step_seconds_total: device_wait is its wait for the GPU)
 # and an actor's loop by part (its inference includes its wait for the GPU):
-#   1-3. the preset; the learner's threads spinning while they wait for the GPU; the actors' too
-#        (learner.gpu_wait, actor.gpu_wait; both spinning gave 4.67 learner steps/s against 4.26-4.27);
+#   1-3. the preset; central inference (actor.inference=remote: one inference service batches all 16 actors'
+#        games on the GPU in one CUDA context, the actors keep to their games on the CPU; docs/decisions.md 68);
+#        the learner's and the actors' threads spinning while they wait for the GPU (learner.gpu_wait,
+#        actor.gpu_wait; gave 4.67 learner steps/s against 4.26-4.27 in session 34);
 #   4-6. under NVIDIA's MPS, which lets the processes' kernels share the GPU instead of time-slicing, where
 #        the machine has nvidia-cuda-mps-control: the preset; both spinning; two learner replicas of 32
 #        sequences each sharing the GPU (learner.group_backend=gloo; the group's step is still 64 sequences),
@@ -32,7 +34,7 @@ system() {   # system LABEL [bench.throughput arguments...]: one end-to-end run 
 }
 
 system "1. preset"
-system "2. learner spinning" --set learner.gpu_wait=spin
+system "2. central inference on the GPU" --set actor.inference=remote
 system "3. learner and actors spinning" "${SPIN[@]}"
 if command -v nvidia-cuda-mps-control >/dev/null; then
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/lbc-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/lbc-mps/log

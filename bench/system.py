@@ -61,9 +61,10 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
     if launcher.poll() is not None:
         raise RuntimeError(f"the launcher exited with {launcher.returncode} before the end-to-end window: see what "
                            f"it printed above and {run_dir}/logs")
-    start = _system_reading(launcher.pid, endpoints, actors)
+    remote = cfg.actor.inference == "remote"
+    start = _system_reading(launcher.pid, endpoints, actors, remote)
     time.sleep(max(start.time + seconds - time.perf_counter(), 0.0))
-    end = _system_reading(launcher.pid, endpoints, actors)
+    end = _system_reading(launcher.pid, endpoints, actors, remote)
     if profile:
         try:
             table = profile_lines(launcher.pid, span)
@@ -77,7 +78,8 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
             "target_repeats": _share(start.target_cache, end.target_cache),
             "waits": replay_waits(start.replay_waits, end.replay_waits, end.time - start.time),
             "learner_step_ms": learner_step_split(start, end),
-            "actor_loop_ms": actor_loop_split(start, end, actors, cfg.env.num_envs * cfg.env.frames_per_step)}
+            "actor_loop_ms": actor_loop_split(start, end, actors, cfg.env.num_envs * cfg.env.frames_per_step),
+            "inference_passes": inference_passes(start, end)}
 
 
 @dataclass(frozen=True)
@@ -92,9 +94,10 @@ class SystemReading:
     replay_waits: tuple[float, ...]      # REPLAY_WAITS
     learner_seconds: dict[str, float]    # the training thread's seconds by part (learner_svc.step_time)
     actor_seconds: tuple[float, ...]     # ACTOR_SECONDS, summed over the actors
+    inference: tuple[float, ...] = ()    # INFERENCE_COUNTS of the inference service (actor.inference=remote)
 
 
-def _system_reading(launcher_pid: int, endpoints: Endpoints, actors: int) -> SystemReading:
+def _system_reading(launcher_pid: int, endpoints: Endpoints, actors: int, remote: bool = False) -> SystemReading:
     before = time.perf_counter()
     cpu = service_cpu_seconds(launcher_pid)
     actor_metrics = [scrape(endpoints.actor_metrics_base + i, timeout=5.0) for i in range(actors)]
@@ -104,6 +107,9 @@ def _system_reading(launcher_pid: int, endpoints: Endpoints, actors: int) -> Sys
     missing = [f"actor {i}" for i, f in enumerate(actor_frames) if f is None]
     if value(learner, "lbc_learner_steps_total") is None:
         missing.append("learner")
+    inference = scrape(endpoints.inference_metrics, timeout=5.0) if remote else {}
+    if remote and value(inference, "lbc_inference_passes_total") is None:
+        missing.append("the inference service")
     if missing:
         raise RuntimeError(f"{', '.join(missing)} did not answer at its metrics port: the end-to-end window cannot "
                            "be counted (is --warmup long enough for every service to start?)")
@@ -113,7 +119,8 @@ def _system_reading(launcher_pid: int, endpoints: Endpoints, actors: int) -> Sys
                          target_cache=tuple(value(learner, n) or 0.0 for n in TARGET_CACHE),
                          replay_waits=tuple(value(replay, n) or 0.0 for n in REPLAY_WAITS),
                          learner_seconds={labels["part"]: v for labels, v in learner.get(STEP_SECONDS_NAME, [])},
-                         actor_seconds=tuple(sum(value(m, n) or 0.0 for m in actor_metrics) for n in ACTOR_SECONDS))
+                         actor_seconds=tuple(sum(value(m, n) or 0.0 for m in actor_metrics) for n in ACTOR_SECONDS),
+                         inference=tuple(value(inference, n) or 0.0 for n in INFERENCE_COUNTS) if remote else ())
 
 
 def actor_loop_split(start: SystemReading, end: SystemReading, actors: int, frames_per_loop: int
@@ -129,6 +136,18 @@ def actor_loop_split(start: SystemReading, end: SystemReading, actors: int, fram
     parts = {name: 1e3 * s / loops for name, s in zip(ACTOR_PARTS, seconds, strict=True)}
     wall = 1e3 * (end.time - start.time) * actors / loops
     return {**parts, "the rest": wall - sum(parts.values())}
+
+
+def inference_passes(start: SystemReading, end: SystemReading) -> dict[str, float]:
+    """The inference service's passes between two readings: passes a second, requests and games a pass, and
+    milliseconds of forward pass a pass; empty without the service or a pass."""
+    if not end.inference:
+        return {}
+    passes, requests, games, seconds = (b - a for a, b in zip(start.inference, end.inference, strict=True))
+    if passes <= 0:
+        return {}
+    return {"passes/s": passes / (end.time - start.time), "requests a pass": requests / passes,
+            "games a pass": games / passes, "forward ms a pass": 1e3 * seconds / passes}
 
 
 def learner_step_split(start: SystemReading, end: SystemReading) -> dict[str, float]:
@@ -155,6 +174,9 @@ def window_rates(start: SystemReading, end: SystemReading) -> tuple[float, float
 ACTOR_SECONDS = ("lbc_actor_env_seconds_total", "lbc_actor_inference_seconds_total",
                  "lbc_actor_send_blocked_seconds_total")
 ACTOR_PARTS = ("games", "inference", "waiting for replay")
+# the inference service's passes, requests answered, games stepped and seconds in its forward pass
+INFERENCE_COUNTS = ("lbc_inference_passes_total", "lbc_inference_requests_total", "lbc_inference_games_total",
+                    "lbc_inference_forward_seconds_total")
 # (hits, lookups) of the learner's kept target outputs (lbc.target_cache), 0 where not kept
 TARGET_CACHE = ("lbc_learner_target_cache_hits_total", "lbc_learner_target_cache_lookups_total")
 # seconds replay's rate limiter held the actors back, and a learner's request waited for data

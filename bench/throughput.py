@@ -555,6 +555,9 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
                                     ("an actor's loop", f"its {cfg.env.num_envs} games stepped once", "actor_loop_ms")):
                 if e2e[key]:
                     print(split_line(what, unit, e2e[key]), flush=True)
+            if e2e["inference_passes"]:
+                passes = ", ".join(f"{v:,.1f} {k}" for k, v in e2e["inference_passes"].items())
+                print(f"the inference service: {passes}", flush=True)
             print(f"CPU by service over {e2e['seconds']:.0f} s of that window:", flush=True)
             for row in cpu_table(*e2e["cpu"], e2e["seconds"], achieved, args.cores):
                 print(row, flush=True)

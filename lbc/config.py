@@ -278,8 +278,8 @@ class InferenceConfig(_Section):
     actor.pull_every passes."""
 
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when a GPU is visible")
-    max_batch_envs: int = Field(1024, ge=1, description="games one forward pass takes at most; the requests "
-                                "beyond wait for the next pass")
+    max_batch_envs: int = Field(1024, ge=1, description="a pass stops taking requests once it holds this many "
+                                "games (its last request may take it past them); one request may carry no more")
     max_wait_ms: float = Field(1.0, ge=0.0, le=1000.0, description="after the first request of a pass, how long "
                                "to wait for more (requests already queued are always taken)")
     threads: int = Field(1, ge=1, description="torch's intra-op threads for the service's forward pass")

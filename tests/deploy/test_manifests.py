@@ -37,8 +37,10 @@ ENDPOINT_SERVICES = {
     "replay_serve": ("lbc-replay", "zmq-serve"),
     "replay_health": ("lbc-replay", "grpc"),
 }
+# where actors act through the inference service (components/central-inference)
+REMOTE_ENDPOINT_SERVICES = {"inference": ("lbc-inference", "zmq")}
 SERVICE_MODULES = {"learner": "learner_svc", "replay": "replay_svc", "bandit": "bandit_svc", "actor": "actor_svc",
-                   "evaluator": "actor_svc"}
+                   "evaluator": "actor_svc", "inference": "actor_svc"}
 # read by the service itself, not by the configuration
 SERVICE_ENV = {"actor": {"LBC_ACTOR_ID", "LBC_ACTOR_INDEX"}, "learner": {"LBC_LEARNER_RANK"}}
 
@@ -110,7 +112,10 @@ def test_endpoints_ports_and_services_agree_with_the_configuration(overlay: str,
     objects = render(overlay)
     cfg = config_of(objects, monkeypatch)
     by_component = {component(w): w for w in workloads(objects)}
-    for field, (service_name, port_name) in ENDPOINT_SERVICES.items():
+    remote = cfg.actor.inference == "remote"
+    assert remote == ("inference" in by_component), "an inference pod exactly where actors act through one"
+    endpoint_services = {**ENDPOINT_SERVICES, **(REMOTE_ENDPOINT_SERVICES if remote else {})}
+    for field, (service_name, port_name) in endpoint_services.items():
         endpoint = getattr(cfg.endpoints, field).removeprefix("tcp://")
         host, port = endpoint.rsplit(":", 1)
         assert host == service_name, f"endpoints.{field}={endpoint} does not name Service {service_name}"
@@ -123,11 +128,16 @@ def test_endpoints_ports_and_services_agree_with_the_configuration(overlay: str,
     metrics = {"learner": cfg.endpoints.learner_metrics, "replay": cfg.endpoints.replay_metrics,
                "bandit": cfg.endpoints.bandit_metrics, "actor": cfg.endpoints.actor_metrics_base,
                "evaluator": cfg.endpoints.eval_metrics}
+    if remote:
+        metrics["inference"] = cfg.endpoints.inference_metrics
     for name, port in metrics.items():
         assert ports(container(by_component[name]))["metrics"] == port, name
     assert ports(container(by_component["actor"]))["grpc"] == cfg.endpoints.actor_health_base
     assert cfg.endpoints.bind_host == "0.0.0.0"   # probes and peers dial the pod's address, not its loopback
     assert ports(container(by_component["evaluator"]))["grpc"] == int(cfg.endpoints.eval_health.rsplit(":", 1)[1])
+    if remote:
+        assert ports(container(by_component["inference"]))["grpc"] == \
+            int(cfg.endpoints.inference_health.rsplit(":", 1)[1])
 
 
 def _field_exists(model: type, path: list[str]) -> bool:
@@ -240,15 +250,18 @@ def test_autoscaler_args_parse_and_match_the_run() -> None:
     assert ports(c)["metrics"] == args.metrics_port
 
 
-def test_gpu_overlay_puts_the_learner_on_a_gpu_with_the_paper_preset() -> None:
+def test_gpu_overlay_puts_the_learner_and_the_inference_on_gpus_with_the_paper_preset(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     objects = render("overlays/gpu")
     env = config_env(objects)
     assert env["LBC_PRESET"] == "paper" and env["LBC_LEARNER__DEVICE"] == "cuda"
-    learner = container(named(objects, "StatefulSet", "lbc-learner"))
-    assert learner["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert learner["image"].endswith("-gpu")
+    cfg = config_of(objects, monkeypatch)
+    assert cfg.actor.inference == "remote" and cfg.inference.device == "cuda"
+    for kind, name in (("StatefulSet", "lbc-learner"), ("Deployment", "lbc-inference")):
+        c = container(named(objects, kind, name))
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == "1" and c["image"].endswith("-gpu"), name
     assert not any("nvidia.com/gpu" in container(w)["resources"]["limits"]
-                   for w in workloads(objects) if component(w) != "learner")
+                   for w in workloads(objects) if component(w) not in ("learner", "inference"))
 
 
 def test_gpu_overlay_runs_a_learner_group_whose_replicas_can_meet(monkeypatch: pytest.MonkeyPatch) -> None:

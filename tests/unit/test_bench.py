@@ -230,3 +230,18 @@ def test_an_actors_loop_split_is_each_parts_milliseconds_per_loop_and_adds_up_to
     assert split == pytest.approx({"games": 20.0, "inference": 15.0, "waiting for replay": 10.0, "the rest": 5.0})
     assert sum(split.values()) == pytest.approx(1e3 * 10.0 * 2 / 400)   # each loop's share of the actors' time
     assert actor_loop_split(reading(5.0, 1_000, (0.0,) * 3), reading(6.0, 1_000, (0.0,) * 3), 1, 128) == {}
+
+
+def test_the_inference_services_passes_are_read_per_pass_in_the_window():
+    from bench.system import SystemReading, inference_passes
+
+    def reading(t: float, counts: tuple[float, ...]) -> SystemReading:
+        return SystemReading(time=t, frames=0.0, learner_steps=0.0, lag=None, cpu={}, target_cache=(0.0, 0.0),
+                             replay_waits=(0.0, 0.0), learner_seconds={}, actor_seconds=(0.0,) * 3, inference=counts)
+
+    # 10 s: 250 passes answering 4,000 requests of 32 games, 2.5 s of forward passes
+    passes = inference_passes(reading(5.0, (50, 800, 25_600, 0.5)), reading(15.0, (300, 4_800, 153_600, 3.0)))
+    assert passes == pytest.approx({"passes/s": 25.0, "requests a pass": 16.0, "games a pass": 512.0,
+                                    "forward ms a pass": 10.0})
+    assert inference_passes(reading(5.0, ()), reading(15.0, ())) == {}   # local inference: no service
+    assert inference_passes(reading(5.0, (3, 3, 96, 0.1)), reading(6.0, (3, 3, 96, 0.1))) == {}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from actor_svc.inference_server import batched_forward
-from actor_svc.remote import check_message, reply_layout, request_arrays, request_layout
+from actor_svc.remote import check_message, check_request, reply_layout, request_arrays, request_layout
 from lbc.acting import CoreInputs, forward
 from lbc.codec import CodecError
 from lbc.config import load_config
@@ -62,6 +62,13 @@ def test_the_wire_refuses_what_does_not_fit_the_network():
         check_message({**good, "reset": good["reset"][:3]}, layout, 8)
     with pytest.raises(CodecError, match="missing"):
         check_message({k: v for k, v in good.items() if k != "c"}, layout, 8)
+    # a previous action the network has no input for would stop the service's pass
+    assert check_request(good, layout, 8, spec.num_actions) == 4
+    for action in (-1, spec.num_actions):
+        bad = {**good, "prev_action": np.full(4, action, np.int64)}
+        with pytest.raises(CodecError, match="previous actions outside") as refused:
+            check_request(bad, layout, 8, spec.num_actions)
+        assert refused.value.reason == "value"
 
 
 def test_remote_inference_is_refused_for_ngu():
