@@ -33,7 +33,7 @@ from actor_svc.remote import (
 from lbc import codec
 from lbc.acting import CoreInputs, acting_agent, forward, precision_of
 from lbc.config import Config
-from lbc.devices import pick_device
+from lbc.devices import pick_device, to_device
 from lbc.envs import env_spec
 from lbc.nets import LBCNet, policy_net
 from lbc.security import secure_server_socket
@@ -49,18 +49,29 @@ FORWARD_SECONDS = Counter("lbc_inference_forward_seconds_total", "Seconds in the
 REJECTED = Counter("lbc_inference_rejected_total", "Requests refused", ["reason"])
 
 
-def batched_forward(net: LBCNet, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+def input_buffers(layout: codec.Layout, games: int, pin: bool) -> dict[str, np.ndarray]:
+    """Room for a pass's inputs of up to `games` games (request_layout): in page-locked memory where `pin`
+    (a GPU service), so that the pass's one copy to the device starts from them without another copy."""
+    return {name: torch.empty((games, *shape), dtype=getattr(torch, dtype), pin_memory=pin).numpy()
+            for name, (dtype, shape) in layout.items()}
+
+
+def batched_forward(net: LBCNet, requests: list[dict[str, np.ndarray]],
+                    buffers: dict[str, np.ndarray] | None = None) -> list[dict[str, np.ndarray]]:
     """One forward pass (lbc.acting.forward) over the games of all `requests` (request_layout arrays), split
     back into each request's rows: adv [E, N, A], value [E, N] and the state after the step, h and c [E, H].
     Every game's row is what a pass over its own request alone gives, up to the rounding of another batch
-    size (the network treats the games of a batch apart)."""
-    joined = {name: np.concatenate([r[name] for r in requests]) for name in requests[0]}
+    size (the network treats the games of a batch apart). The requests are joined into `buffers`
+    (input_buffers) where given, else into new arrays; the pass has read them when it returns."""
+    games = sum(len(r["reset"]) for r in requests)
+    joined = {name: np.concatenate([r[name] for r in requests], out=None if buffers is None else buffers[name][:games])
+              for name in requests[0]}
     device = net.heads.weight.device
     inputs = CoreInputs(joined["prev_action"], joined["prev_reward"], joined["reset"],
-                        (torch.from_numpy(joined["h"]).to(device), torch.from_numpy(joined["c"]).to(device)))
-    out = forward(net, joined["obs"], inputs)
-    h, c = (s.float().cpu().numpy() for s in out.state)
-    rows = {"adv": out.adv[0].numpy(), "value": out.value[0].numpy(), "h": h, "c": c}
+                        (to_device(joined["h"], device), to_device(joined["c"], device)))
+    out = forward(net, joined["obs"], inputs, state_to_host=True)
+    rows = {"adv": out.adv[0].numpy(), "value": out.value[0].numpy(), "h": out.state[0].numpy(),
+            "c": out.state[1].numpy()}
     ends = np.cumsum([len(r["reset"]) for r in requests])
     return [{name: a[end - len(r["reset"]):end] for name, a in rows.items()}
             for r, end in zip(requests, ends, strict=True)]
@@ -115,6 +126,8 @@ def run(cfg: Config, stop: threading.Event, ready: Callable[[], None] = lambda: 
     net = policy_net(agent)
     layout = request_layout(spec, net.lstm_size)
     max_request_bytes = bytes_per_game(layout) * ic.max_batch_envs + HEADER_BYTES
+    # a pass stops gathering at max_batch_envs games, its last request of at most as many taking it past them
+    buffers = input_buffers(layout, 2 * ic.max_batch_envs, pin=net.heads.weight.device.type == "cuda")
     puller = ParamPuller(cfg, "inference", agent)
 
     sock = zmq.Context.instance().socket(zmq.ROUTER)
@@ -156,12 +169,14 @@ def run(cfg: Config, stop: threading.Event, ready: Callable[[], None] = lambda: 
         if not requests:
             continue
         started = time.perf_counter()
-        replies = batched_forward(net, requests)
+        replies = batched_forward(net, requests, buffers)
         FORWARD_SECONDS.inc(time.perf_counter() - started)
         for (identity, request_id), arrays in zip(senders, replies, strict=True):
             frames = codec.encode(REPLY, arrays, sender="inference", param_version=puller.version,
                                   meta={"id": request_id})
-            sock.send_multipart([identity, *frames], copy=False)
+            # copied into the message: a core without state (feed-forward) answers with views of the buffers,
+            # which the next pass overwrites
+            sock.send_multipart([identity, *frames])
         passes += 1
         PASSES.inc()
         REQUESTS.inc(len(requests))

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# What a lent GPU machine is for (issue 11, docs/speed.md), in one run of under 10 minutes, figures printed.
+# What a lent GPU machine is for (issue 11, docs/speed.md), in two parts of under 10 minutes each, figures printed.
 # Session 34's H100 found the paper's preset learner-bound at 42,147-44,964 frames/s with 12-16 actors: replay
 # held the actors back 65-90% of the time, the learner made 4.3 steps/s in the system against 6.2-6.8 alone,
 # the GPU was half idle and the learner's process used 0.6 of a core. The likeliest reading, not yet measured:
 # its thread waits for a GPU that time-slices between 17 processes' contexts. So, each run the whole system alone (no stages first:
-# bench.throughput --end-to-end-only, about 60 s each, runs 1-8 about 8.5 minutes), at 16 actors, each printing
+# bench.throughput --end-to-end-only, about 60-70 s each), at 16 actors, each printing
 # the learner's step in the system by part (lbc_learner_step_seconds_total: device_wait is its wait for the GPU)
 # and an actor's loop by part (its inference includes its wait for the GPU):
 #   1-3. the preset; central inference (actor.inference=remote: one inference service batches all 16 actors'
@@ -17,8 +17,10 @@
 #        whose kernels can fill the half of the GPU one learner leaves idle;
 #   7. half the contexts: 8 actors of 64 games, each stepping its games on two ALE threads;
 #   8. the preset again (the machine's drift), with py-spy: where each service's threads wait;
-#   9. the tests that need a GPU (all 20 passed on session 34's H100), in what time is left.
-# Run from the repository root: bash bench/gpu_checks.sh (PY names the interpreter, default python3).
+#   9. the tests that need a GPU (all 20 passed on session 34's H100; now 21 with central inference's pass).
+# Two parts of about 5.5 minutes each, so that each fits one device call of 10 minutes: part 1 runs 1-3, 7 and 8,
+# part 2 runs 4-6 (under MPS) and 9. Run from the repository root: bash bench/gpu_checks.sh [1|2|all]
+# (default all; PY names the interpreter, default python3).
 set -uo pipefail
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
@@ -33,27 +35,40 @@ system() {   # system LABEL [bench.throughput arguments...]: one end-to-end run 
         --end-to-end-only --warmup 30 --seconds 15 "$@"
 }
 
-system "1. preset"
-system "2. central inference on the GPU" --set actor.inference=remote
-system "3. learner and actors spinning" "${SPIN[@]}"
-if command -v nvidia-cuda-mps-control >/dev/null; then
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/lbc-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/lbc-mps/log
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    if nvidia-cuda-mps-control -d; then
-        system "4. preset under MPS"
-        system "5. spinning under MPS" "${SPIN[@]}"
-        system "6. two learner replicas of 32 sequences sharing the GPU, under MPS" --set learner.replicas=2 \
-            --set learner.batch_size=32 --set learner.group_backend=gloo
-        echo quit | nvidia-cuda-mps-control
-    fi
-    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-else
-    echo "== 4-6. no MPS on this machine (nvidia-cuda-mps-control not found)"
-fi
-system "7. 8 actors of 64 games on two ALE threads each" --actors 8 --set env.num_envs=64 --set env.num_threads=2
-system "8. preset again, with py-spy after the window" --profile
+part1() {
+    system "1. preset"
+    system "2. central inference on the GPU" --set actor.inference=remote
+    system "3. learner and actors spinning" "${SPIN[@]}"
+    system "7. 8 actors of 64 games on two ALE threads each" --actors 8 --set env.num_envs=64 --set env.num_threads=2
+    system "8. preset again, with py-spy after the window" --profile
+}
 
-echo "== 9. GPU tests"
-timeout 140 "$PY" -m pytest -q -p no:cacheprovider -k "cuda or gpu or pinned or compiled or graphs" \
-    tests/unit/test_devices.py tests/unit/test_stacked_frames.py tests/unit/test_prepare_ahead.py \
-    tests/unit/test_lstm_bptt.py tests/unit/test_training.py tests/unit/test_nets.py tests/unit/test_replicas.py
+part2() {
+    if command -v nvidia-cuda-mps-control >/dev/null; then
+        export CUDA_MPS_PIPE_DIRECTORY=/tmp/lbc-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/lbc-mps/log
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        if nvidia-cuda-mps-control -d; then
+            system "4. preset under MPS"
+            system "5. spinning under MPS" "${SPIN[@]}"
+            system "6. two learner replicas of 32 sequences sharing the GPU, under MPS" --set learner.replicas=2 \
+                --set learner.batch_size=32 --set learner.group_backend=gloo
+            echo quit | nvidia-cuda-mps-control
+        fi
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    else
+        echo "== 4-6. no MPS on this machine (nvidia-cuda-mps-control not found)"
+    fi
+
+    echo "== 9. GPU tests"
+    timeout 160 "$PY" -m pytest -q -p no:cacheprovider -k "cuda or gpu or pinned or compiled or graphs" \
+        tests/unit/test_devices.py tests/unit/test_stacked_frames.py tests/unit/test_prepare_ahead.py \
+        tests/unit/test_lstm_bptt.py tests/unit/test_training.py tests/unit/test_nets.py tests/unit/test_replicas.py \
+        tests/unit/test_remote_inference.py
+}
+
+case "${1:-all}" in
+    1) part1 ;;
+    2) part2 ;;
+    all) part1; part2 ;;
+    *) echo "usage: bash bench/gpu_checks.sh [1|2|all]" >&2; exit 2 ;;
+esac

@@ -76,12 +76,14 @@ def precision_of(net: LBCNet) -> Literal["fp32", "bf16"]:
 
 
 @torch.no_grad()
-def forward(net: LBCNet, obs: np.ndarray, inputs: CoreInputs, extra: torch.Tensor | None = None) -> NetOutput:
+def forward(net: LBCNet, obs: np.ndarray, inputs: CoreInputs, extra: torch.Tensor | None = None,
+            state_to_host: bool = False) -> NetOutput:
     """One time step of the network for every environment: obs [E, *obs_shape] uint8. The outputs keep
     a leading time axis of 1 (adv [1, E, N, A]); adv and value come back to the CPU, where actions are
     drawn, by one copy after one wait (lbc.devices.to_host), while the recurrent state stays on the network's
-    device (actor.device). A network in bf16 (set_precision) runs under bf16 autocast; its adv and value come
-    back as float32."""
+    device (actor.device) unless `state_to_host` (the inference service sends it on), when it comes back in the
+    same copy. A network in bf16 (set_precision) runs under bf16 autocast; its adv and value come back as
+    float32."""
     device = net.heads.weight.device
     bf16 = precision_of(net) == "bf16"
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
@@ -92,6 +94,10 @@ def forward(net: LBCNet, obs: np.ndarray, inputs: CoreInputs, extra: torch.Tenso
         out = NetOutput(adv=out.adv.float(), value=out.value.float(), state=out.state)
     if device.type == "cpu":
         return out
+    if state_to_host:
+        adv, value, h, c = to_host(out.adv, out.value, *out.state)
+        return NetOutput(adv=torch.from_numpy(adv), value=torch.from_numpy(value),
+                         state=(torch.from_numpy(h), torch.from_numpy(c)))
     adv, value = to_host(out.adv, out.value)
     return NetOutput(adv=torch.from_numpy(adv), value=torch.from_numpy(value), state=out.state)
 

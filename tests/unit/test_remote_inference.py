@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from actor_svc.inference_server import batched_forward
+from actor_svc.inference_server import batched_forward, input_buffers
 from actor_svc.remote import check_message, check_request, reply_layout, request_arrays, request_layout
 from lbc.acting import CoreInputs, forward
 from lbc.codec import CodecError
@@ -33,6 +33,10 @@ def test_one_pass_over_several_requests_gives_each_its_own_rows(preset):
     rng = np.random.default_rng(0)
     requests = [_request(rng, net, spec, games) for games in (3, 1, 5)]
     replies = batched_forward(net, requests)
+    # the service joins the requests into buffers it keeps: the same rows
+    buffers = input_buffers(request_layout(spec, net.lstm_size), 16, pin=False)
+    for reply, kept in zip(replies, batched_forward(net, requests, buffers), strict=True):
+        assert all(np.array_equal(reply[name], kept[name]) for name in reply)
     layout = reply_layout(cfg.num_policies, spec.num_actions, net.lstm_size)
     for request, reply in zip(requests, replies, strict=True):
         assert check_message(reply, layout, 8) == len(request["reset"])
@@ -74,3 +78,23 @@ def test_the_wire_refuses_what_does_not_fit_the_network():
 def test_remote_inference_is_refused_for_ngu():
     with pytest.raises(ValueError, match="actor.inference=remote covers the LBC family"):
         load_config("ngu", ["actor.inference=remote"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a visible GPU")
+def test_one_pass_on_a_gpu_from_pinned_buffers_gives_the_cpus_rows():
+    """The GPU service's pass: inputs joined into page-locked buffers, one copy to the device, the outputs and
+    the state back in one copy; the rows are the CPU network's within float32 on another device."""
+    cfg = load_config("cpu", ["actor.precision=fp32"])
+    spec = env_spec(cfg.env)
+    torch.manual_seed(0)
+    net = build_net(cfg, spec.obs_shape, spec.num_actions).eval()
+    gpu = build_net(cfg, spec.obs_shape, spec.num_actions).eval().cuda()
+    gpu.load_state_dict(net.state_dict())
+    rng = np.random.default_rng(0)
+    requests = [_request(rng, net, spec, games) for games in (16, 16, 7)]
+    buffers = input_buffers(request_layout(spec, net.lstm_size), 64, pin=True)
+    assert torch.from_numpy(buffers["obs"]).is_pinned()
+    for on_gpu, on_cpu in zip(batched_forward(gpu, requests, buffers), batched_forward(net, requests), strict=True):
+        for name in on_cpu:
+            # TF32 convolutions on the GPU: a row in the wrong place would differ by far more
+            np.testing.assert_allclose(on_gpu[name], on_cpu[name], rtol=2e-2, atol=2e-3)
