@@ -16,8 +16,9 @@ device, forward and loss, backward, optimiser), counts the operations an eager s
 launch on a GPU), and on a GPU machine reports peak memory and
 nvidia-smi's utilisation; --actor-scaling 1,2,4,8,12 runs the whole system per actor count against
 linear growth from the smallest count. For NGU presets it prints what the intrinsic reward costs per agent
-step, by how full the episodic memories are; --levers measures each speed lever on its stage, and --profile
-samples the running services with py-spy (bench.spy) to show where each thread is busy and where it waits.
+step, by how full the episodic memories are; --levers measures each speed lever on its stage and the whole
+system with the actors' other inference (local or central, decision 68), and --profile samples the running
+services with py-spy (bench.spy) to show where each thread is busy and where it waits.
 Figures are printed, never asserted: this is a benchmark, not a test.
 """
 
@@ -413,7 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also measure each speed lever on the stage it acts on: the learner's and the actors' "
                         "other precision, batches prepared ahead or not (whichever the preset does not), the target "
                         "network's outputs not kept (where it keeps them)"
-                        + "; and where the stages chose more than one actor, the whole system with one actor")
+                        + "; and where the stages chose more than one actor, the whole system with one actor; the "
+                        "whole system with the actors' other inference (actor.inference local or remote)")
     parser.add_argument("--profile", action="store_true",
                         help="sample every service with py-spy right after the end-to-end window (bench.spy; within "
                              "it, py-spy's own CPU would count against the figures): where each thread is busy and "
@@ -527,6 +529,7 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
     # smallest first: scaling is each count's frames/s against linear growth from the smallest
     counts = sorted({args.actors, *scaling_counts})
     first = None
+    preset_fps = None
     for actors in counts:
         sampler = GpuSampler() if gpu else None
         e2e = end_to_end(args.preset, args.game, actors, args.seconds, args.warmup, args.overrides,
@@ -549,6 +552,7 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
                      f"linear")
         print(line, flush=True)
         if actors == args.actors:
+            preset_fps = e2e["frames_per_s"]
             if ceiling is not None:
                 print(f"achieved / ceiling = {achieved / ceiling:.2f}", flush=True)
             for what, unit, key in (("learner step", "the training thread", "learner_step_ms"),
@@ -563,6 +567,24 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
                 print(row, flush=True)
             for row in e2e["profile"]:
                 print(row, flush=True)
+    other = other_inference(cfg)
+    if args.levers and other is not None:
+        e2e = end_to_end(args.preset, args.game, args.actors, args.seconds, args.warmup,
+                         [*args.overrides, f"actor.inference={other}"])
+        print(f"end to end with actor.inference={other} ({args.actors} actor(s)): {e2e['frames_per_s']:,.0f} "
+              f"frames/s, {e2e['frames_per_s'] / preset_fps:.2f}x the preset's, learner "
+              f"{e2e['learner_steps_per_s']:.2f} steps/s, lag {e2e['lag']}", flush=True)
+        if e2e["inference_passes"]:
+            passes = ", ".join(f"{v:,.1f} {k}" for k, v in e2e["inference_passes"].items())
+            print(f"the inference service: {passes}", flush=True)
+
+
+def other_inference(cfg: Config) -> str | None:
+    """The actors' other way of inference than the preset's (actor.inference, decision 68), as a lever of the
+    whole system; None where the family acts only locally (NGU)."""
+    if cfg.ngu.enabled:
+        return None
+    return "local" if cfg.actor.inference == "remote" else "remote"
 
 
 if __name__ == "__main__":

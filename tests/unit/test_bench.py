@@ -245,3 +245,11 @@ def test_the_inference_services_passes_are_read_per_pass_in_the_window():
                                     "forward ms a pass": 10.0})
     assert inference_passes(reading(5.0, ()), reading(15.0, ())) == {}   # local inference: no service
     assert inference_passes(reading(5.0, (3, 3, 96, 0.1)), reading(6.0, (3, 3, 96, 0.1))) == {}
+
+
+def test_the_inference_lever_is_the_other_way_of_inference_where_the_family_has_two():
+    from bench.throughput import other_inference
+
+    assert other_inference(load_config("impala")) == "remote"
+    assert other_inference(load_config("lbc-bm", ["actor.inference=remote"])) == "local"
+    assert other_inference(load_config("ngu")) is None   # its actors need networks of their own
