@@ -8,7 +8,8 @@
 # the learner's step in the system by part (lbc_learner_step_seconds_total: device_wait is its wait for the GPU)
 # and an actor's loop by part (its inference includes its wait for the GPU):
 #   1-3. the preset; central inference (actor.inference=remote: one inference service batches all 16 actors'
-#        games on the GPU in one CUDA context, the actors keep to their games on the CPU; docs/decisions.md 68);
+#        games on the GPU in one CUDA context, the actors keep to their games on the CPU; docs/decisions.md 68;
+#        2b: twice the actors of half the games each, whose games step while others wait for their answers);
 #        the learner's and the actors' threads spinning while they wait for the GPU (learner.gpu_wait,
 #        actor.gpu_wait; gave 4.67 learner steps/s against 4.26-4.27 in session 34);
 #   4-6. under NVIDIA's MPS, which lets the processes' kernels share the GPU instead of time-slicing, where
@@ -18,7 +19,7 @@
 #   7. half the contexts: 8 actors of 64 games, each stepping its games on two ALE threads;
 #   8. the preset again (the machine's drift), with py-spy: where each service's threads wait;
 #   9. the tests that need a GPU (all 20 passed on session 34's H100; now 21 with central inference's pass).
-# Two parts of about 5.5 minutes each, so that each fits one device call of 10 minutes: part 1 runs 1-3, 7 and 8,
+# Two parts of 5.5-7 minutes each, so that each fits one device call of 10 minutes: part 1 runs 1-3, 7 and 8,
 # part 2 runs 4-6 (under MPS) and 9. Run from the repository root: bash bench/gpu_checks.sh [1|2|all]
 # (default all; PY names the interpreter, default python3).
 set -uo pipefail
@@ -38,6 +39,8 @@ system() {   # system LABEL [bench.throughput arguments...]: one end-to-end run 
 part1() {
     system "1. preset"
     system "2. central inference on the GPU" --set actor.inference=remote
+    # an actor waits for each answer: twice the actors of half the games keep the cores stepping games meanwhile
+    system "2b. central inference, 32 actors of 16 games" --set actor.inference=remote --actors 32 --set env.num_envs=16
     system "3. learner and actors spinning" "${SPIN[@]}"
     system "7. 8 actors of 64 games on two ALE threads each" --actors 8 --set env.num_envs=64 --set env.num_threads=2
     system "8. preset again, with py-spy after the window" --profile
