@@ -375,7 +375,8 @@ PORT_BASE_SPAN = 300
 
 
 class SecurityConfig(_Section):
-    """Mutual TLS on the gRPC APIs and CURVE on replay's ZeroMQ sockets (lbc.security)."""
+    """Mutual TLS on the gRPC APIs and CURVE on replay's and the inference service's ZeroMQ sockets
+    (lbc.security)."""
 
     enabled: bool = Field(False, description="only holders of the run's certificates and keys may connect; health-"
                                              "only ports stay plain (Kubernetes probes speak no TLS)")

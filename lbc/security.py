@@ -9,9 +9,9 @@ One certificate folder serves a whole run (`lbc certs DIR` makes it; the launche
                                 cluster's Service names)
     client.pem, client.key      what every gRPC client presents; servers accept only certificates
                                 the run's CA signed
-    curve/server.key(_secret)   replay's CURVE key pair
-    curve/client.key(_secret)   the actors' and the learner's CURVE key pair; replay accepts only the
-                                public keys in curve/clients/
+    curve/server.key(_secret)   replay's and the inference service's CURVE key pair
+    curve/client.key(_secret)   the actors' and the learner's CURVE key pair; replay and the inference
+                                service accept only the public keys in curve/clients/
 
 A peer without the run's certificates or keys cannot pull or push parameters, report returns, send
 sequences or draw batches: the TLS handshake or the ZAP handshake refuses it before any message.

@@ -104,3 +104,38 @@ def test_a_service_without_the_certificates_says_how_to_make_them(tmp_path):
                           timeout=60)
     assert proc.returncode != 0
     assert f"lbc certs {tmp_path / 'run' / 'certs'}" in proc.stderr and "security.enabled=false" in proc.stderr
+
+
+def test_inference_strangers_are_refused_and_the_run_gets_in(secured):
+    """Central inference's socket takes CURVE like replay's: a request without the run's key gets no answer;
+    an actor of the run gets one."""
+    import threading
+
+    import torch
+
+    from actor_svc.remote import REQUEST, RemoteNetwork, request_arrays
+    from lbc.acting import CoreInputs
+    from lbc.envs import env_spec
+
+    o, cfg = secured["o"], secured["cfg"]
+    overrides = [f"{k}={v}" for k, v in o.items()] + ["actor.inference=remote"]
+    inference = Service("actor_svc", "catch", overrides, secured["certs"].parent, "--mode", "infer").start()
+    try:
+        wait_healthy(o["endpoints.inference_health"], "lbc.v1.Inference", timeout=60)   # health: plain
+        spec = env_spec(cfg.env)
+        state_size = cfg.net.lstm
+        inputs = CoreInputs(np.zeros(2, np.int64), np.zeros(2, np.float32), np.ones(2, bool),
+                            (torch.zeros(2, state_size), torch.zeros(2, state_size)))
+        obs = np.zeros((2, *spec.obs_shape), np.uint8)
+        stranger = zmq.Context.instance().socket(zmq.DEALER)
+        stranger.setsockopt(zmq.LINGER, 0)
+        stranger.connect(o["endpoints.inference"])
+        stranger.send_multipart(codec.encode(REQUEST, request_arrays(obs, inputs), meta={"id": "1"}))
+        assert not stranger.poll(2000), "a stranger was answered"
+        stranger.close()
+        network = RemoteNetwork(cfg, "actor-0", spec, cfg.num_policies, state_size, threading.Event())
+        out = network.forward(obs, inputs)   # secure_client_socket: the run's CURVE keys
+        network.close()
+        assert out.adv.shape == (1, 2, cfg.num_policies, spec.num_actions) and network.version >= 0
+    finally:
+        assert inference.stop() == 0, inference.log()[-2000:]
