@@ -57,6 +57,10 @@ def local_ports(cfg: Config, actors: int) -> dict[str, int]:
     if cfg.eval.enabled:
         ports["endpoints.eval_health"] = endpoint_port(e.eval_health)
         ports["endpoints.eval_metrics"] = e.eval_metrics
+    if cfg.actor.inference == "remote":
+        ports |= {"endpoints.inference": endpoint_port(e.inference),
+                  "endpoints.inference_health": endpoint_port(e.inference_health),
+                  "endpoints.inference_metrics": e.inference_metrics}
     return ports
 
 

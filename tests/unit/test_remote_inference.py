@@ -98,3 +98,13 @@ def test_one_pass_on_a_gpu_from_pinned_buffers_gives_the_cpus_rows():
         for name in on_cpu:
             # TF32 convolutions on the GPU: a row in the wrong place would differ by far more
             np.testing.assert_allclose(on_gpu[name], on_cpu[name], rtol=2e-2, atol=2e-3)
+
+
+def test_a_local_run_with_central_inference_checks_the_services_ports_too():
+    from lbc.config import endpoints_from_base
+    from lbc.preflight import local_ports
+
+    inference = {"endpoints.inference", "endpoints.inference_health", "endpoints.inference_metrics"}
+    remote = local_ports(load_config("catch", [*endpoints_from_base(41000), "actor.inference=remote"]), actors=3)
+    assert inference <= set(remote) and len(set(remote.values())) == len(remote)   # one port base, no collision
+    assert not inference & set(local_ports(load_config("catch", endpoints_from_base(41000)), actors=3))
