@@ -61,11 +61,6 @@ def bytes_per_game(layout: codec.Layout) -> int:
     return sum(np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in layout.values())
 
 
-def games_of(arrays: dict[str, np.ndarray]) -> int:
-    """E, the games a request or reply carries (its arrays' common leading axis)."""
-    return int(arrays["reset"].shape[0] if "reset" in arrays else arrays["value"].shape[0])
-
-
 def check_message(arrays: dict[str, np.ndarray], layout: codec.Layout, max_games: int) -> int:
     """E of a request or reply whose arrays match `layout` with one leading axis of 1..max_games games;
     CodecError otherwise."""
@@ -90,10 +85,11 @@ def check_request(arrays: dict[str, np.ndarray], layout: codec.Layout, max_games
 
 def request_arrays(obs: np.ndarray, inputs: CoreInputs) -> dict[str, np.ndarray]:
     """What one step's request carries for `lbc.acting.forward(net, obs, inputs)`."""
-    h, c = (s.detach().cpu().numpy() for s in inputs.state)
-    return {"obs": obs, "prev_action": inputs.prev_action.astype(np.int64),
-            "prev_reward": inputs.prev_reward.astype(np.float32), "reset": inputs.reset.astype(bool),
-            "h": h.astype(np.float32), "c": c.astype(np.float32)}
+    # no copies where the inputs hold these dtypes already (they do in the actor's loop, every step)
+    h, c = (s.detach().cpu().numpy().astype(np.float32, copy=False) for s in inputs.state)
+    return {"obs": obs, "prev_action": inputs.prev_action.astype(np.int64, copy=False),
+            "prev_reward": inputs.prev_reward.astype(np.float32, copy=False),
+            "reset": inputs.reset.astype(bool, copy=False), "h": h, "c": c}
 
 
 class RemoteNetwork:
@@ -157,9 +153,9 @@ class RemoteNetwork:
                                    f"{msg.meta.get('reason', '')[:300]}")
             if msg.kind != REPLY:
                 raise codec.CodecError(f"kind {msg.kind[:40]!r} from the inference service", "header")
-            if check_message(msg.arrays, self.layout, games) != games:
-                raise codec.CodecError(f"an answer for {games_of(msg.arrays)} games to a request for {games}",
-                                       "layout")
+            answered = check_message(msg.arrays, self.layout, games)
+            if answered != games:
+                raise codec.CodecError(f"an answer for {answered} games to a request for {games}", "layout")
             self.version = msg.param_version
             VERSION.set(self.version)
             a = msg.arrays

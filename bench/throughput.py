@@ -559,9 +559,7 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
                                     ("an actor's loop", f"its {cfg.env.num_envs} games stepped once", "actor_loop_ms")):
                 if e2e[key]:
                     print(split_line(what, unit, e2e[key]), flush=True)
-            if e2e["inference_passes"]:
-                passes = ", ".join(f"{v:,.1f} {k}" for k, v in e2e["inference_passes"].items())
-                print(f"the inference service: {passes}", flush=True)
+            print_inference_passes(e2e["inference_passes"])
             print(f"CPU by service over {e2e['seconds']:.0f} s of that window:", flush=True)
             for row in cpu_table(*e2e["cpu"], e2e["seconds"], achieved, args.cores):
                 print(row, flush=True)
@@ -574,9 +572,13 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
         print(f"end to end with actor.inference={other} ({args.actors} actor(s)): {e2e['frames_per_s']:,.0f} "
               f"frames/s, {e2e['frames_per_s'] / preset_fps:.2f}x the preset's, learner "
               f"{e2e['learner_steps_per_s']:.2f} steps/s, lag {e2e['lag']}", flush=True)
-        if e2e["inference_passes"]:
-            passes = ", ".join(f"{v:,.1f} {k}" for k, v in e2e["inference_passes"].items())
-            print(f"the inference service: {passes}", flush=True)
+        print_inference_passes(e2e["inference_passes"])
+
+
+def print_inference_passes(passes: dict[str, float]) -> None:
+    """The inference service's line (bench.system.inference_passes), where the run had one."""
+    if passes:
+        print("the inference service: " + ", ".join(f"{v:,.1f} {k}" for k, v in passes.items()), flush=True)
 
 
 def other_inference(cfg: Config) -> str | None:
