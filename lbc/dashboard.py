@@ -21,6 +21,7 @@ OUTPUT = Path(__file__).resolve().parent.parent / "k8s" / "components" / "monito
 UID = "lbc-training"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 SEL = 'namespace=~"$namespace", run=~"$run"'   # every query is scoped to the chosen namespace and run
+INFERENCE_ROW = "Central inference (actor.inference=remote)"   # its panels are empty where actors infer locally
 
 
 def _query(expr: str, legend: str = "", fmt: str | None = None) -> prometheus.Dataquery:
@@ -78,6 +79,12 @@ def build() -> dict:
         .with_panel(_series("Learner steps/s and samples/s", "short",
                             _query(f"sum(rate(lbc_learner_steps_total{{{SEL}}}{rate}))", "steps/s"),
                             _query(f"sum(rate(lbc_learner_samples_total{{{SEL}}}{rate}))", "samples/s")))
+        .with_panel(_series("Actors' loop: share of time in inference (acting remotely: waiting for the answer) "
+                            "and in the games", "percentunit",
+                            _query(f"sum by (pod) (rate(lbc_actor_inference_seconds_total{{{SEL}}}{rate}))",
+                                   "{{pod}} inference"),
+                            _query(f"sum by (pod) (rate(lbc_actor_env_seconds_total{{{SEL}}}{rate}))", "{{pod}} games"),
+                            width=24))
         .with_row(db.Row("Returns"))
         .with_panel(_series("Mean return of the last 100 episodes", "short",
                             _query(f"lbc_actor_return_mean100{{{SEL}}}", "{{pod}}")))
@@ -101,12 +108,12 @@ def build() -> dict:
                             _query(f"lbc_actor_param_version{{{SEL}}}", "{{pod}}")))
         .with_panel(_series("Policy lag (versions)", "none",
                             _query(f"lbc_learner_policy_lag{{{SEL}}}", "{{stat}}")))
-        .with_panel(_series("Torso units dead on a batch (all dead: the net is blind)", "percentunit",
-                            _query(f"lbc_learner_dead_units_ratio{{{SEL}}}", "{{layer}}")))
         .with_panel(_series("Learner's training thread: share of time by part (device_wait: waiting for the GPU)",
                             "percentunit",
                             _query(f"avg by (part) (rate(lbc_learner_step_seconds_total{{{SEL}}}{rate}))", "{{part}}"),
                             width=24))
+        .with_panel(_series("Torso units dead on a batch (all dead: the net is blind)", "percentunit",
+                            _query(f"lbc_learner_dead_units_ratio{{{SEL}}}", "{{layer}}")))
         .with_row(db.Row("Replay"))
         .with_panel(_series("Replay fill", "percentunit",
                             _query(f"sum(lbc_replay_sequences{{{SEL}}}) / sum(lbc_replay_capacity_sequences{{{SEL}}})",
@@ -136,8 +143,37 @@ def build() -> dict:
                                    "{{component}}")))
         .with_panel(_series("Resident memory per service", "bytes",
                             _query(f"sum by (component) (process_resident_memory_bytes{{{SEL}}})", "{{component}}")))
+        # only where actors act through the inference service (components/central-inference; the gpu overlay)
+        .with_row(db.Row(INFERENCE_ROW))
+        .with_panel(_series("Forward passes/s and requests answered/s", "short",
+                            _query(f"sum(rate(lbc_inference_passes_total{{{SEL}}}{rate}))", "passes/s"),
+                            _query(f"sum(rate(lbc_inference_requests_total{{{SEL}}}{rate}))", "requests/s")))
+        .with_panel(_series("A pass: games and requests (the batch the service gathers)", "short",
+                            _query(f"sum(rate(lbc_inference_games_total{{{SEL}}}{rate})) / "
+                                   f"sum(rate(lbc_inference_passes_total{{{SEL}}}{rate}))", "games"),
+                            _query(f"sum(rate(lbc_inference_requests_total{{{SEL}}}{rate})) / "
+                                   f"sum(rate(lbc_inference_passes_total{{{SEL}}}{rate}))", "requests")))
+        .with_panel(_series("Forward pass time", "ms",
+                            _query(f"1000 * sum(rate(lbc_inference_forward_seconds_total{{{SEL}}}{rate})) / "
+                                   f"sum(rate(lbc_inference_passes_total{{{SEL}}}{rate}))", "ms a pass")))
+        .with_panel(_series("Requests refused/s, by reason (an actor whose network or game does not fit)", "short",
+                            _query(f"sum by (reason) (rate(lbc_inference_rejected_total{{{SEL}}}{rate}))",
+                                   "{{reason}}")))
     )
     return json.loads(json.dumps(d.build(), cls=JSONEncoder))
+
+
+def panels_by_row(board: dict) -> dict[str, list[dict]]:
+    """The built board's panels (rows themselves left out) under the title of the row they follow."""
+    rows: dict[str, list[dict]] = {}
+    title = ""
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            title = panel["title"]
+            rows[title] = []
+        else:
+            rows.setdefault(title, []).append(panel)
+    return rows
 
 
 def render() -> str:

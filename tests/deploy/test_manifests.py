@@ -419,3 +419,13 @@ def test_secure_overlay_gives_every_service_the_certificates(tmp_path) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes((made / item["key"].replace("curve-", "curve/", 1)).read_bytes())
         check_certificates(pod)
+
+
+def test_dashboard_panels_fit_grafanas_24_columns_without_overlapping() -> None:
+    cells: set[tuple[int, int]] = set()
+    for panel in dashboard.build()["panels"]:
+        pos = panel["gridPos"]
+        assert pos["x"] >= 0 and pos["x"] + pos["w"] <= 24, (panel["title"], pos)
+        covered = {(x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])}
+        assert not covered & cells, (panel["title"], pos)
+        cells |= covered

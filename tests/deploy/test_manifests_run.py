@@ -2,20 +2,16 @@
 with its command, args and environment (Service names resolved to 127.0.0.1, volumes mapped to
 temporary folders), its readiness probe must pass, and trajectories and parameters must flow.
 Then a real Prometheus scrapes those processes with the PodMonitor's labels and the rules loaded,
-and every query of the dashboard and the rules must return data, KEDA's among them."""
+and every query of the dashboard (the central inference service's row aside: this overlay's actors infer
+locally) and of the rules must return data, KEDA's among them."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
-import shutil
-import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +23,9 @@ from lbc import dashboard
 from lbc.launch import SERVICE_ENV_DEFAULTS
 from tests.deploy.manifests import by_kind, config_env, container_env, render, workloads
 from tests.deploy.test_rules import RULE, write_rules
-from tests.support import Service, free_port, metric, port_is_free, wait_for, wait_healthy
+from tests.prometheus import NAMESPACE, Target, bind_variables, bound_queries, promql
+from tests.prometheus import prometheus as running_prometheus
+from tests.support import Service, metric, port_is_free, wait_for, wait_healthy
 
 pytestmark = pytest.mark.slow
 
@@ -123,61 +121,30 @@ def test_trajectories_and_parameters_flow(pods: dict[str, Pod]) -> None:
 
 @pytest.fixture(scope="module")
 def prometheus(pods: dict[str, Pod], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = shutil.which("prometheus")
-    assert binary, "prometheus is needed (Debian package prometheus; `make test` installs it)"
     root = tmp_path_factory.mktemp("prometheus")
     write_rules(root)
-    # The labels the PodMonitor gives each series on a cluster: namespace, pod, component, run.
-    scrape_configs = [{
-        "job_name": pod.component,
-        "scrape_interval": "2s",
-        "static_configs": [{"targets": [f"127.0.0.1:{pod.ports['metrics']}"],
-                            "labels": {"namespace": "lbc", "pod": pod.name, "component": pod.component,
-                                       "run": pod.labels["lbc.dev/run"]}}],
-    } for pod in pods.values()]
-    config = {"global": {"evaluation_interval": "2s"}, "rule_files": ["rules.yaml"], "scrape_configs": scrape_configs}
-    (root / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = (root / "prometheus.log").open("wb")
-    proc = subprocess.Popen([binary, f"--config.file={root / 'prometheus.yml'}", f"--storage.tsdb.path={root / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], cwd=root, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: len(_query(url, "up == 1")) == len(pods), 60, "Prometheus scraping every service")
+    targets = [Target(pod.component, pod.name, pod.labels["lbc.dev/run"], pod.ports["metrics"])
+               for pod in pods.values()]
+    with running_prometheus(root, targets, rule_files=("rules.yaml",)) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        log.close()
-
-
-def _query(url: str, expr: str, at: float | None = None) -> list[dict]:
-    params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
-    try:
-        with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode(params)}", timeout=5) as resp:
-            body = json.load(resp)
-    except OSError:
-        return []
-    assert body["status"] == "success", body
-    return body["data"]["result"]
 
 
 def _dashboard_queries() -> list[str]:
-    """Every panel target and variable query, with the variables bound to this run."""
+    """Every panel target and variable query, with the variables bound to this run; the central inference
+    service's panels aside (this overlay's actors infer locally; tests/integration/test_inference_service.py
+    checks those against the service)."""
     board = dashboard.build()
-    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    rows = dashboard.panels_by_row(board)
+    assert dashboard.INFERENCE_ROW in rows
+    panels = [p for title, row in rows.items() if title != dashboard.INFERENCE_ROW for p in row]
+    exprs = bound_queries(panels, "dev")
+    bind = {"$namespace": NAMESPACE, "$run": "dev"}
     for var in board["templating"]["list"]:
         query = var.get("query")
         if isinstance(query, str) and query.startswith("label_values("):
-            exprs.append(query[len("label_values("):].rsplit(",", 1)[0])   # the series behind label_values
-    bind = {"$namespace": "lbc", "$run": "dev", "$dimension": ".*", "$__rate_interval": "20s"}
-    out = []
-    for expr in exprs:
-        for var, val in bind.items():
-            expr = expr.replace(var, val)
-        assert "$" not in expr, f"unbound variable in {expr}"
-        out.append(expr)
-    return out
+            series = query[len("label_values("):].rsplit(",", 1)[0]   # the series behind label_values
+            exprs.append(bind_variables(series, bind))
+    return exprs
 
 
 def _rule_queries() -> list[str]:
@@ -198,15 +165,15 @@ def test_every_dashboard_and_rule_expression_returns_data(pods: dict[str, Pod], 
     assert len(exprs) > 30
 
     def missing() -> list[str]:
-        return [e for e in exprs if not _query(prometheus, e)]
+        return [e for e in exprs if not promql(prometheus, e)]
 
     try:
         wait_for(lambda: not missing(), 90, "data for every expression", interval=3)
     except AssertionError:
         raise AssertionError(f"no data for: {missing()}") from None
     # the labels the dashboard groups by are really there
-    assert {r["metric"]["component"] for r in _query(prometheus, dashboard_cpu_query())} == set(pods)
-    heat = _query(prometheus, 'sum by (arm) (lbc_bandit_selections_total{namespace="lbc", run="dev"})')
+    assert {r["metric"]["component"] for r in promql(prometheus, dashboard_cpu_query())} == set(pods)
+    heat = promql(prometheus, 'sum by (arm) (lbc_bandit_selections_total{namespace="lbc", run="dev"})')
     assert len(heat) >= 1 and all("arm" in r["metric"] for r in heat)
 
 
@@ -218,8 +185,8 @@ def test_kedas_query_returns_what_lbc_autoscale_would_compute(pods: dict[str, Po
     test_trajectories_and_parameters_flow(pods)
     (scaled,) = by_kind(render("overlays/keda"), "ScaledObject")
     query = scaled["spec"]["triggers"][0]["metadata"]["query"]
-    wait_for(lambda: _query(prometheus, query), 90, "KEDA's query returning data", interval=3)
-    (sample,) = _query(prometheus, query)
+    wait_for(lambda: promql(prometheus, query), 90, "KEDA's query returning data", interval=3)
+    (sample,) = promql(prometheus, query)
     count = float(sample["value"][1])
     assert math.isfinite(count) and count >= 1 and count == round(count)
 
@@ -238,7 +205,7 @@ def test_kedas_query_returns_what_lbc_autoscale_would_compute(pods: dict[str, Po
         """Every input and the rule itself at one evaluation time, kept in `found`; False while some series
         has no data there yet (a scrape behind under load)."""
         at = time.time() - 3
-        results = [_query(prometheus, expr, at) for expr in exprs]
+        results = [promql(prometheus, expr, at) for expr in exprs]
         found[:] = [] if any(len(r) != 1 for r in results) else [float(r[0]["value"][1]) for r in results]
         return bool(found)
 
@@ -253,7 +220,7 @@ def dashboard_cpu_query() -> str:
 
 
 def test_no_alert_fires_on_a_healthy_run(prometheus: str) -> None:
-    firing = [a for a in _query(prometheus, "ALERTS") if a["metric"].get("alertstate") == "firing"]
+    firing = [a for a in promql(prometheus, "ALERTS") if a["metric"].get("alertstate") == "firing"]
     assert not firing, firing
 
 

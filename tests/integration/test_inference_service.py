@@ -1,20 +1,23 @@
 """The inference service against real peers: it answers each actor with what the learner's published network
 computes for that actor's games, serves several actors in one pass, refuses what does not fit, and an actor
-waiting on it picks up again when it restarts."""
+waiting on it picks up again when it restarts; the dashboard's row for it shows its passes from a real Prometheus."""
 
 import threading
+from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import zmq
 from prometheus_client import REGISTRY
 
 from actor_svc.remote import REFUSED, REQUEST, RemoteNetwork, request_arrays
-from lbc import codec
+from lbc import codec, dashboard
 from lbc.acting import CoreInputs, forward
 from lbc.config import load_config
 from lbc.envs import env_spec
 from lbc.nets import build_agent, policy_net
+from tests.prometheus import Target, bound_queries, prometheus, promql
 from tests.support import Service, endpoint_overrides, metric, overrides_dict, wait_for, wait_healthy
 
 
@@ -22,6 +25,42 @@ def _inputs(rng: np.random.Generator, games: int, num_actions: int, state_size: 
     state = tuple(torch.from_numpy(rng.normal(size=(games, state_size)).astype(np.float32)) for _ in range(2))
     return CoreInputs(rng.integers(0, num_actions, games), rng.normal(size=games).astype(np.float32),
                       rng.random(games) < 0.3, state)
+
+
+def _dashboard_row_has_data(root: Path, metrics_port: int, client: RemoteNetwork, ask: tuple, stop: threading.Event
+                            ) -> None:
+    """Every query of lbc.dashboard's central-inference row returns data from a real Prometheus scraping the
+    service, and a pass's games are what the one asking actor sends (5 a request, one request a pass)."""
+    asking = threading.Event()
+
+    def keep_asking() -> None:
+        while not (stop.is_set() or asking.is_set()):
+            client.forward(*ask)
+
+    thread = threading.Thread(target=keep_asking)
+    thread.start()
+    try:
+        (root / "prometheus").mkdir()
+        target = Target("inference", "lbc-inference-0", "test", metrics_port)
+        with prometheus(root / "prometheus", [target], interval="1s") as url:
+            exprs = bound_queries(dashboard.panels_by_row(dashboard.build())[dashboard.INFERENCE_ROW], "test", "5s")
+            assert len(exprs) == 6
+
+            def missing() -> list[str]:
+                return [e for e in exprs if not promql(url, e)]
+
+            try:
+                wait_for(lambda: not missing(), 60, "data for every query of the row", interval=1)
+            except AssertionError:
+                raise AssertionError(f"no data for: {missing()}") from None
+            (games,) = promql(url, exprs[2])   # games a pass
+            (requests,) = promql(url, exprs[3])
+            assert float(games["value"][1]) == pytest.approx(5) and float(requests["value"][1]) == pytest.approx(1)
+            (refused,) = promql(url, exprs[5])
+            assert refused["metric"] == {"reason": "layout"}
+    finally:
+        asking.set()
+        thread.join(30)
 
 
 def _timeouts() -> float:
@@ -85,6 +124,9 @@ def test_inference_service_answers_as_the_published_network_and_survives_a_resta
         dealer.close()
         assert refusal.kind == REFUSED and refusal.meta["id"] == "7" and "'obs'" in refusal.meta["reason"]
         assert metric(port, "lbc_inference_rejected_total", reason="layout") == 1
+
+        # the dashboard's row for the service, over a real Prometheus scraping it while an actor keeps asking
+        _dashboard_row_has_data(tmp_path, port, clients[1], asks[1], stop)
 
         # the service dies: an actor asking meanwhile waits, asks again, and is answered by the next one
         inference.kill()
