@@ -72,6 +72,17 @@ def promql(url: str, expr: str, at: float | None = None) -> list[dict]:
     return body["data"]["result"]
 
 
+def wait_for_data(url: str, exprs: list[str], timeout: float, interval: float = 3) -> None:
+    """Wait until every expression returns data; AssertionError naming those that still return none."""
+    def missing() -> list[str]:
+        return [e for e in exprs if not promql(url, e)]
+
+    try:
+        wait_for(lambda: not missing(), timeout, "data for every expression", interval=interval)
+    except AssertionError:
+        raise AssertionError(f"no data for: {missing()}") from None
+
+
 def bound_queries(panels: list[dict], run: str, rate_interval: str = "20s") -> list[str]:
     """Every target expression of `panels` (lbc.dashboard's built JSON) with the dashboard's variables bound to
     one run in NAMESPACE."""

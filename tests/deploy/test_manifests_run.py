@@ -23,7 +23,7 @@ from lbc import dashboard
 from lbc.launch import SERVICE_ENV_DEFAULTS
 from tests.deploy.manifests import by_kind, config_env, container_env, render, workloads
 from tests.deploy.test_rules import RULE, write_rules
-from tests.prometheus import NAMESPACE, Target, bind_variables, bound_queries, promql
+from tests.prometheus import NAMESPACE, Target, bind_variables, bound_queries, promql, wait_for_data
 from tests.prometheus import prometheus as running_prometheus
 from tests.support import Service, metric, port_is_free, wait_for, wait_healthy
 
@@ -163,14 +163,7 @@ def test_every_dashboard_and_rule_expression_returns_data(pods: dict[str, Pod], 
     test_trajectories_and_parameters_flow(pods)   # training is under way and episodes have ended
     exprs = _dashboard_queries() + _rule_queries()
     assert len(exprs) > 30
-
-    def missing() -> list[str]:
-        return [e for e in exprs if not promql(prometheus, e)]
-
-    try:
-        wait_for(lambda: not missing(), 90, "data for every expression", interval=3)
-    except AssertionError:
-        raise AssertionError(f"no data for: {missing()}") from None
+    wait_for_data(prometheus, exprs, 90)
     # the labels the dashboard groups by are really there
     assert {r["metric"]["component"] for r in promql(prometheus, dashboard_cpu_query())} == set(pods)
     heat = promql(prometheus, 'sum by (arm) (lbc_bandit_selections_total{namespace="lbc", run="dev"})')

@@ -17,7 +17,7 @@ from lbc.acting import CoreInputs, forward
 from lbc.config import load_config
 from lbc.envs import env_spec
 from lbc.nets import build_agent, policy_net
-from tests.prometheus import Target, bound_queries, prometheus, promql
+from tests.prometheus import Target, bound_queries, prometheus, promql, wait_for_data
 from tests.support import Service, endpoint_overrides, metric, overrides_dict, wait_for, wait_healthy
 
 
@@ -45,14 +45,7 @@ def _dashboard_row_has_data(root: Path, metrics_port: int, client: RemoteNetwork
         with prometheus(root / "prometheus", [target], interval="1s") as url:
             exprs = bound_queries(dashboard.panels_by_row(dashboard.build())[dashboard.INFERENCE_ROW], "test", "5s")
             assert len(exprs) == 6
-
-            def missing() -> list[str]:
-                return [e for e in exprs if not promql(url, e)]
-
-            try:
-                wait_for(lambda: not missing(), 60, "data for every query of the row", interval=1)
-            except AssertionError:
-                raise AssertionError(f"no data for: {missing()}") from None
+            wait_for_data(url, exprs, 60, interval=1)
             (games,) = promql(url, exprs[2])   # games a pass
             (requests,) = promql(url, exprs[3])
             assert float(games["value"][1]) == pytest.approx(5) and float(requests["value"][1]) == pytest.approx(1)
