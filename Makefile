@@ -82,7 +82,8 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow" tests/unit
 
 bench: install
-	$(PY) -m bench.throughput $(if $(filter file,$(origin PRESET)),,--preset $(PRESET)) --game $(GAME) --levers --profile $(ARGS)
+	$(PY) -m bench.throughput $(if $(filter file,$(origin PRESET)),,--preset $(PRESET)) --game $(GAME) --levers --profile \
+		--out runs/bench/$$(date +%Y%m%d-%H%M%S) $(ARGS)
 
 # Memory over time: Catch for MINUTES minutes, each service's RSS slope in MB/min (not part of make test).
 soak: install

@@ -32,11 +32,16 @@ def service_cpu_seconds(root_pid: int) -> dict[str, float]:
     return dict(seconds)
 
 
+def cores_by_service(start: dict[str, float], end: dict[str, float], seconds: float) -> dict[str, float]:
+    """The cores each service kept busy between two service_cpu_seconds readings `seconds` apart."""
+    return {name: (end[name] - start.get(name, 0.0)) / seconds for name in end}
+
+
 def cpu_table(start: dict[str, float], end: dict[str, float], seconds: float, agent_steps_per_s: float,
               cores: int) -> list[str]:
     """Per service, the cores it kept busy between two service_cpu_seconds readings `seconds` apart and its
     CPU milliseconds per agent step at `agent_steps_per_s`; then the total and the cores left idle."""
-    used = {name: (end[name] - start.get(name, 0.0)) / seconds for name in end}
+    used = cores_by_service(start, end, seconds)
     rows = ["service                   cores busy   CPU ms per agent step"]
     for name, busy in sorted(used.items(), key=lambda item: -item[1]):
         if busy >= 0.005:

@@ -32,12 +32,14 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.cpu_use import cpu_table
+from bench.cpu_use import cores_by_service, cpu_table
+from bench.record import write as write_record
 from bench.system import GpuSampler, end_to_end
 from lbc.acting import CoreInputs, acting_agent, forward
 from lbc.agents import Acting, family_of, make_acting
@@ -353,20 +355,27 @@ def precision_lever(cfg: Config) -> dict[str, tuple[str, list[str]]]:
     return levers
 
 
-def lever_table(cfg_of: dict[str, tuple[str, Config]], base: dict[str, float], cores: int,
-                seconds: float) -> list[str]:
-    """One row per lever: the stage it acts on measured with it, its gain over the preset, and the ceiling
-    the whole machine would have with it."""
+def lever_rows(cfg_of: dict[str, tuple[str, Config]], base: dict[str, float], cores: int,
+               seconds: float) -> Iterator[dict]:
+    """One row per lever, as it is measured: the stage it acts on measured with it ("rate"), its gain over the
+    preset, and the ceiling the whole machine would have with it (frames/s)."""
     rates = {"environment": env_rate, "inference": inference_rate, "learner": learner_rate}
-    rows = ["lever                      stage        alone/s    gain   ceiling frames/s"]
     for lever, (stage, cfg) in cfg_of.items():
         rate = rates[stage](cfg, seconds)
         with_lever = {**base, stage: rate}
         ceiling = ceiling_rate(cores, with_lever["environment"], with_lever["inference"], with_lever["learner"],
                                cfg.replay.replay_ratio, pick_device(cfg.learner.device, "learner.device").type == "cuda"
                                ) * cfg.env.frames_per_step
-        rows.append(f"{lever:26} {stage:11} {rate:9,.0f} {rate / base[stage]:6.2f}x {ceiling:12,.0f}")
-    return rows
+        yield {"lever": lever, "stage": stage, "rate": rate, "gain": rate / base[stage],
+               "ceiling_frames_per_s": ceiling}
+
+
+LEVER_HEADER = "lever                      stage        alone/s    gain   ceiling frames/s"
+
+
+def lever_line(row: dict) -> str:
+    return (f"{row['lever']:26} {row['stage']:11} {row['rate']:9,.0f} {row['gain']:6.2f}x "
+            f"{row['ceiling_frames_per_s']:12,.0f}")
 
 
 def actors_to_fill(cores: int, env: float, inference: float, learner: float, replay_ratio: float) -> int:
@@ -420,6 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="sample every service with py-spy right after the end-to-end window (bench.spy; within "
                              "it, py-spy's own CPU would count against the figures): where each thread is busy and "
                              "where it waits")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="also write every figure to DIR/bench.json and the story in pictures to DIR/bench.png "
+                             "(bench.record; `make bench` writes runs/bench/<time>)")
     parser.add_argument("--actor-scaling", metavar="N,N,...",
                         help="also run the whole system with each of these actor counts, e.g. 1,2,4,8,12 "
                              "(default: those for lbc-bm on a GPU, none otherwise)")
@@ -451,19 +463,26 @@ def main() -> int:
           flush=True)
     print("process environment: " + ", ".join(f"{name}={os.environ[name]}" for name in sorted(SERVICE_ENV_DEFAULTS)),
           flush=True)
+    machine = f"{platform.processor() or platform.machine()}" + (
+        f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "")
+    record: dict = {"machine": machine, "cores": args.cores, "preset": args.preset, "game": args.game,
+                    "settings": args.overrides, "torch": torch.__version__, "time": time.time()}
     if args.end_to_end_only:
         env = inf = learn = ceiling = None
     else:
-        env, inf, learn, ceiling = stages(args, cfg)
-    if args.stages_only:
-        return 0
-    end_to_end_lines(args, cfg, env, inf, learn, ceiling)
+        env, inf, learn, ceiling = stages(args, cfg, record)
+    if not args.stages_only:
+        end_to_end_lines(args, cfg, env, inf, learn, ceiling, record)
+    if args.out is not None:
+        data, picture = write_record(record, args.out)
+        print(f"wrote {data} and {picture}", flush=True)
     return 0
 
 
-def stages(args: argparse.Namespace, cfg: Config) -> tuple[float, float, float, float]:
-    """Each stage alone, the learner's parts and, with --levers, each lever on its stage, printed; returns
-    (environment agent steps/s, inference samples/s, learner samples/s, ceiling agent steps/s)."""
+def stages(args: argparse.Namespace, cfg: Config, record: dict) -> tuple[float, float, float, float]:
+    """Each stage alone, the learner's parts and, with --levers, each lever on its stage, printed and kept in
+    `record` (bench.record); returns (environment agent steps/s, inference samples/s, learner samples/s,
+    ceiling agent steps/s)."""
     frame_skip = cfg.env.frames_per_step
     env = env_rate(cfg, args.stage_seconds)
     print(f"environment alone (1 core): {env:10,.0f} agent steps/s ({env * frame_skip:,.0f} frames/s)",
@@ -496,13 +515,19 @@ def stages(args: argparse.Namespace, cfg: Config) -> tuple[float, float, float, 
     formula = (f"min({args.cores} / (1/env + 1/inference), learner/{ratio})" if on_gpu
                else f"{args.cores} / (1/env + 1/inference + {ratio}/learner)")
     print(f"ceiling = {formula} = {ceiling:,.0f} agent steps/s = {ceiling * frame_skip:,.0f} frames/s", flush=True)
+    record["stages"] = {"environment_agent_steps_per_s": env, "inference_samples_per_s": inf,
+                        "learner_samples_per_s": learn, "learner_step_ms": parts,
+                        "ceiling_frames_per_s": ceiling * frame_skip}
     if args.levers:
         settings = precision_lever(cfg) | learner_levers(cfg) | (GPU_LEVERS if on_gpu else {})
         levers = {name: (stage, load_config(args.preset, [f"env.game={args.game}", *args.overrides, *sets]))
                   for name, (stage, sets) in settings.items()}
         base = {"environment": env, "inference": inf, "learner": learn}
-        for row in lever_table(levers, base, args.cores, args.stage_seconds):
-            print(row, flush=True)
+        print(LEVER_HEADER, flush=True)
+        record["levers"] = []
+        for row in lever_rows(levers, base, args.cores, args.stage_seconds):
+            print(lever_line(row), flush=True)
+            record["levers"].append(row)
     return env, inf, learn, ceiling
 
 
@@ -513,9 +538,9 @@ def split_line(what: str, unit: str, split: dict[str, float]) -> str:
 
 
 def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, inf: float | None,
-                     learn: float | None, ceiling: float | None) -> None:
+                     learn: float | None, ceiling: float | None, record: dict) -> None:
     """The whole system with each actor count, a line each; for args.actors also achieved / ceiling (where
-    the stages ran) and the CPU by service."""
+    the stages ran) and the CPU by service; each kept in `record` (bench.record) too."""
     frame_skip, ratio = cfg.env.frames_per_step, cfg.replay.replay_ratio
     on_gpu = pick_device(cfg.learner.device, "learner.device").type == "cuda"
     scaling_counts = {int(n) for n in args.actor_scaling.split(",") if n}
@@ -547,13 +572,22 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
         if sampler is not None:
             util, memory = sampler.stop()
             line += f", GPU {util:.0f}% busy, {memory:,.0f} MiB"
+        run = {"actors": actors, "frames_per_s": e2e["frames_per_s"], "learner_steps_per_s": e2e["learner_steps_per_s"],
+               "lag": e2e["lag"], "held": held, "waited": waited, "scaling": scaling}
+        if sampler is not None:
+            run |= {"gpu_busy_percent": util, "gpu_memory_mib": memory}
+        record.setdefault("end_to_end", []).append(run)
         if actors != first[0]:
             line += (f", {e2e['frames_per_s'] / first[1]:.2f}x the frames/s of {first[0]} actor(s), {scaling:.2f} of "
                      f"linear")
         print(line, flush=True)
         if actors == args.actors:
             preset_fps = e2e["frames_per_s"]
+            record |= {"agent_steps_per_s": achieved, "learner_step_ms": e2e["learner_step_ms"],
+                       "actor_loop_ms": e2e["actor_loop_ms"], "inference_passes": e2e["inference_passes"],
+                       "cpu": cores_by_service(*e2e["cpu"], e2e["seconds"])}
             if ceiling is not None:
+                record["ratio"] = achieved / ceiling
                 print(f"achieved / ceiling = {achieved / ceiling:.2f}", flush=True)
             for what, unit, key in (("learner step", "the training thread", "learner_step_ms"),
                                     ("an actor's loop", f"its {cfg.env.num_envs} games stepped once", "actor_loop_ms")):
@@ -572,6 +606,9 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
         print(f"end to end with actor.inference={other} ({args.actors} actor(s)): {e2e['frames_per_s']:,.0f} "
               f"frames/s, {e2e['frames_per_s'] / preset_fps:.2f}x the preset's, learner "
               f"{e2e['learner_steps_per_s']:.2f} steps/s, lag {e2e['lag']}", flush=True)
+        record["other_inference"] = {"inference": other, "frames_per_s": e2e["frames_per_s"],
+                                     "x": e2e["frames_per_s"] / preset_fps,
+                                     "inference_passes": e2e["inference_passes"]}
         print_inference_passes(e2e["inference_passes"])
 
 

@@ -253,3 +253,32 @@ def test_the_inference_lever_is_the_other_way_of_inference_where_the_family_has_
     assert other_inference(load_config("impala")) == "remote"
     assert other_inference(load_config("lbc-bm", ["actor.inference=remote"])) == "local"
     assert other_inference(load_config("ngu")) is None   # its actors need networks of their own
+
+
+def _record() -> dict:
+    return {"machine": "x86_64", "cores": 2, "preset": "impala", "game": "pong", "settings": [], "torch": "2",
+            "time": 0.0,
+            "stages": {"environment_agent_steps_per_s": 2000.0, "inference_samples_per_s": 6000.0,
+                       "learner_samples_per_s": 4000.0, "learner_step_ms": {"copy": 1.0},
+                       "ceiling_frames_per_s": 9000.0},
+            "levers": [{"lever": "learner in fp32", "stage": "learner", "rate": 3000.0, "gain": 0.75,
+                        "ceiling_frames_per_s": 8000.0}],
+            "end_to_end": [{"actors": 1, "frames_per_s": 5000.0}, {"actors": 2, "frames_per_s": 7000.0}],
+            "ratio": 0.78, "agent_steps_per_s": 1750.0, "cpu": {"actor_svc 0": 0.7, "learner_svc": 0.9},
+            "other_inference": {"inference": "remote", "frames_per_s": 6000.0, "x": 0.86}}
+
+
+def test_a_bench_record_is_written_as_json_and_drawn(tmp_path):
+    import json
+
+    from bench.record import throughput_bars, write
+
+    record = _record()
+    data, picture = write(record, tmp_path / "out")
+    assert json.loads(data.read_text()) == record
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [v for _, v in throughput_bars(record)] == [9000.0, 5000.0, 7000.0, 6000.0]
+    # a run without stages (--end-to-end-only) has no ceiling and no levers, and still draws what it has
+    partial = {k: v for k, v in record.items() if k not in ("stages", "levers", "ratio", "other_inference")}
+    assert [v for _, v in throughput_bars(partial)] == [5000.0, 7000.0]
+    assert write(partial, tmp_path / "partial")[1].exists()

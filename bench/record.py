@@ -1,0 +1,116 @@
+"""What one `bench.throughput` run measured, kept (`--out DIR`): bench.json with every figure it printed and
+bench.png, the same story in three pictures: frames/s (the ceiling from the stages alone, the whole system at
+each actor count and with the actors' other inference), the ceiling each lever would give, and the cores each
+service kept busy in the end-to-end window with what one agent step costs each.
+
+The record is a plain dict filled as the benchmark goes (keys below); only what a run measured is in it.
+  machine, cores, preset, game, settings                           what ran where
+  stages: {environment, inference, learner (per second, each alone on one core), learner_step_ms,
+           operations, ceiling_frames_per_s}
+  levers: [{lever, stage, rate, gain, ceiling_frames_per_s}]
+  end_to_end: [{actors, frames_per_s, learner_steps_per_s, lag, held, waited, ...}]
+  ratio, learner_step_ms, actor_loop_ms, inference_passes, cpu: {service: cores}, agent_steps_per_s
+  other_inference: {inference, frames_per_s, x}
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def write(record: dict, out: Path) -> tuple[Path, Path]:
+    """bench.json and bench.png under `out` (made if missing); returns their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    data = out / "bench.json"
+    data.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return data, draw(record, out / "bench.png")
+
+
+def draw(record: dict, path: Path) -> Path:
+    """The record's pictures side by side, those it has data for."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [p for p in (_throughput, _levers, _cores) if p(record, None)]
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6.5 * max(1, len(panels)), 4.6), squeeze=False)
+    for panel, ax in zip(panels, axes[0], strict=False):
+        panel(record, ax)
+    fig.suptitle(f"bench.throughput: preset {record['preset']}, {record['game']}, {record['machine']}, "
+                 f"{record['cores']} cores", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def throughput_bars(record: dict) -> list[tuple[str, float]]:
+    """(label, frames/s) of the first picture: the ceiling, each end-to-end run, the other inference."""
+    bars = []
+    if "stages" in record:
+        bars.append(("ceiling\n(stages alone)", record["stages"]["ceiling_frames_per_s"]))
+    for run in record.get("end_to_end", []):
+        bars.append((f"end to end\n{run['actors']} actor(s)", run["frames_per_s"]))
+    other = record.get("other_inference")
+    if other:
+        bars.append((f"inference\n{other['inference']}", other["frames_per_s"]))
+    return bars
+
+
+def _throughput(record: dict, ax) -> bool:
+    bars = throughput_bars(record)
+    if ax is None or not bars:
+        return bool(bars)
+    labels, values = zip(*bars, strict=True)
+    colours = ["#9e9e9e" if label.startswith("ceiling") else "#1f77b4" for label in labels]
+    ax.bar(range(len(values)), values, color=colours)
+    for i, v in enumerate(values):
+        ax.text(i, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(values)), labels, fontsize=8)
+    ax.set_ylabel("frames/s")
+    title = "frames/s"
+    if record.get("ratio") is not None:
+        title += f"; achieved / ceiling {record['ratio']:.2f}"
+    ax.set_title(title, fontsize=10)
+    return True
+
+
+def _levers(record: dict, ax) -> bool:
+    levers = record.get("levers") or []
+    if ax is None or not levers:
+        return bool(levers)
+    ceiling = record["stages"]["ceiling_frames_per_s"]
+    names = [f"{row['lever']} ({row['gain']:.2f}x {row['stage']})" for row in levers]
+    values = [row["ceiling_frames_per_s"] for row in levers]
+    ax.barh(range(len(values)), values, color=["#2ca02c" if v > ceiling else "#d62728" for v in values])
+    ax.axvline(ceiling, color="black", linestyle="--", linewidth=1, label=f"the preset's ceiling {ceiling:,.0f}")
+    low, high = min(*values, ceiling), max(*values, ceiling)
+    ax.set_xlim(max(0.0, low - 0.5 * (high - low) - 0.05 * high), high + 0.05 * high)   # the differences, not 0
+    ax.set_yticks(range(len(values)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ceiling with the lever, frames/s")
+    ax.set_title("each lever on its stage alone", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    return True
+
+
+def _cores(record: dict, ax) -> bool:
+    cpu = record.get("cpu") or {}
+    if ax is None or not cpu:
+        return bool(cpu)
+    steps = record["agent_steps_per_s"]
+    bottom = 0.0
+    for name, cores in sorted(cpu.items(), key=lambda item: -item[1]):
+        if cores >= 0.005:   # as bench.cpu_use's table: the launcher and an idle bandit stay out of the legend
+            ax.bar(0, cores, bottom=bottom, label=f"{name}: {cores:.2f} cores, {cores / steps * 1e3:.3f} ms a step")
+        bottom += cores
+    idle = max(record["cores"] - bottom, 0.0)
+    ax.bar(0, idle, bottom=bottom, color="white", edgecolor="#9e9e9e", hatch="//", label=f"idle: {idle:.2f} cores")
+    ax.set_xlim(-0.6, 2.4)
+    ax.set_xticks([])
+    ax.set_ylabel("cores busy in the end-to-end window")
+    ax.set_title(f"CPU by service: {bottom / steps * 1e3:.3f} ms an agent step in all", fontsize=10)
+    ax.legend(fontsize=7, loc="upper right")
+    return True
