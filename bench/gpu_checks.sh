@@ -29,11 +29,14 @@ export PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/lbc-compile-cache}
 SPIN=(--set learner.gpu_wait=spin --set actor.gpu_wait=spin)
 
-system() {   # system LABEL [bench.throughput arguments...]: one end-to-end run at 16 actors unless told
+system() {   # system LABEL [bench.throughput arguments...]: one end-to-end run at 16 actors unless told; its figures
+    # also in $OUT/<the label's number>/bench.json and bench.png where OUT names a folder (the device tool's)
     echo "== $1"
+    local out=()
+    [ -n "${OUT:-}" ] && out=(--out "$OUT/${1%%.*}")
     shift
     timeout 100 "$PY" -m bench.throughput --preset lbc-bm --game breakout --actors 16 --set actor.device=cuda \
-        --end-to-end-only --warmup 30 --seconds 15 "$@"
+        --end-to-end-only --warmup 30 --seconds 15 "${out[@]}" "$@"
 }
 
 part1() {
