@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 
 import torch
@@ -36,7 +36,7 @@ from learner_svc.batches import BatchFetcher
 from learner_svc.param_server import ParameterServicer, ParameterStore
 from learner_svc.replicas import GroupBroken, ReplicaGroup
 from learner_svc.step_time import LoopTime
-from learner_svc.training import Trainer
+from learner_svc.training import StepStats, Trainer
 
 STEPS = Counter("lbc_learner_steps_total", "Learner optimiser steps")
 SAMPLES = Counter("lbc_learner_samples_total", "Time steps trained on (batch x learning length)")
@@ -120,37 +120,22 @@ def main(argv: list[str] | None = None) -> int:
              cfg.sequence.length, cfg.sequence.burn_in, cfg.preset, trainer.device, trainer.precision,
              cfg.learner.precision)
 
-    samples_per_batch = cfg.learner.batch_size * cfg.sequence.length
     last_log = time.monotonic()
-    loop_time = LoopTime()
-    while not stop.is_set():
-        with loop_time.waiting_for_batch():
-            batch, upcoming = fetcher.next_pair()
-        if batch is None:
-            continue
-        # replay's keys and versions stay in the batch: the loss keeps target outputs by them (lbc.target_cache)
-        versions, keys = batch["param_version"], batch["key"]
+    steps = training_steps(cfg, trainer, fetcher, stop, log)
+    while True:
         try:
-            stats = trainer.train_step(batch, upcoming)
-            loop_time.trained()
+            batch, stats = next(steps)
+        except StopIteration:
+            break
         except GroupBroken as exc:
             # a replica stopped: keep what this step had not yet changed, and let the group start again
             checkpoint.save(ckpt_dir, trainer.agent, trainer.optimiser, counters, trainer.checkpointed_modules())
             log.error("learner replica group broken at step %d (%s); checkpoint saved, exiting so that every "
                       "replica starts again from it", trainer.step, exc)
             return 1
-        if stats.skipped:
-            SKIPPED.inc()
-            log.warning("skipped a batch: loss %s, gradient norm %s (not finite); parameters unchanged",
-                        stats.loss, stats.grad_norm)
-            continue
-        if cfg.replay.prioritised:
-            fetcher.send_priorities(keys, stats.priorities)
         counters.step = trainer.step
-        counters.samples += samples_per_batch
-        STEPS.inc()
-        SAMPLES.inc(samples_per_batch)
-        lag = counters.version - versions
+        counters.samples += cfg.learner.batch_size * cfg.sequence.length
+        lag = counters.version - batch["param_version"]
         LAG.labels("mean").set(float(lag.mean()))
         LAG.labels("max").set(float(lag.max()))
         TOTAL_LOSS.set(stats.loss)
@@ -204,6 +189,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def training_steps(cfg: Config, trainer: Trainer, fetcher: BatchFetcher, stop: threading.Event,
+                   log: logging.Logger) -> Iterator[tuple[dict, StepStats]]:
+    """Every replica's loop until `stop`: the next batch from replay, one training step on it, its priorities
+    back to replay and the step counted; yields each step that changed the parameters with its batch (replay's
+    keys and versions stay in it: the loss keeps target outputs by them, lbc.target_cache). A step whose loss
+    or gradient is not finite is counted as skipped and not yielded; GroupBroken (a replica stopped) propagates."""
+    samples_per_batch = cfg.learner.batch_size * cfg.sequence.length
+    loop_time = LoopTime()
+    while not stop.is_set():
+        with loop_time.waiting_for_batch():
+            batch, upcoming = fetcher.next_pair()
+        if batch is None:
+            continue
+        stats = trainer.train_step(batch, upcoming)
+        loop_time.trained()
+        if stats.skipped:
+            SKIPPED.inc()
+            log.warning("skipped a batch: loss %s, gradient norm %s (not finite); parameters unchanged",
+                        stats.loss, stats.grad_norm)
+            continue
+        if cfg.replay.prioritised:
+            fetcher.send_priorities(batch["key"], stats.priorities)
+        STEPS.inc()
+        SAMPLES.inc(samples_per_batch)
+        yield batch, stats
+
+
 def keep_compiled_kernels(cfg: Config, environ: MutableMapping[str, str]) -> str | None:
     """With learner.compile, where torch keeps the kernels it compiles: the run folder's compile-cache unless
     TORCHINDUCTOR_CACHE_DIR names a place already. torch's default is under /tmp, which a restarted pod does
@@ -241,31 +253,14 @@ def follow(cfg: Config, args: argparse.Namespace, stop: threading.Event, log: lo
     start_metrics(args.metrics_port or cfg.endpoints.learner_replica_metrics_base + args.rank, cfg.endpoints.bind_host)
     fetcher = BatchFetcher(cfg, stop, pin=trainer.device.type == "cuda")
     fetcher.start()
-    samples_per_batch = cfg.learner.batch_size * cfg.sequence.length
-    loop_time = LoopTime()
-    while not stop.is_set():
-        with loop_time.waiting_for_batch():
-            batch, upcoming = fetcher.next_pair()
-        if batch is None:
-            continue
-        keys = batch["key"]
-        try:
-            stats = trainer.train_step(batch, upcoming)
-            loop_time.trained()
-        except GroupBroken as exc:
-            log.error("learner replica group broken at step %d (%s); exiting to meet the group again",
-                      trainer.step, exc)
-            return 1
-        if stats.skipped:
-            SKIPPED.inc()
-            continue
-        if cfg.replay.prioritised:
-            fetcher.send_priorities(keys, stats.priorities)
-        STEPS.inc()
-        SAMPLES.inc(samples_per_batch)
-        TOTAL_LOSS.set(stats.loss)
-        if args.max_steps and trainer.step >= args.max_steps:
-            break
+    try:
+        for _, stats in training_steps(cfg, trainer, fetcher, stop, log):
+            TOTAL_LOSS.set(stats.loss)
+            if args.max_steps and trainer.step >= args.max_steps:
+                break
+    except GroupBroken as exc:
+        log.error("learner replica group broken at step %d (%s); exiting to meet the group again", trainer.step, exc)
+        return 1
     group.close()
     log.info("learner replica %d stopped", args.rank)
     return 0
