@@ -9,12 +9,17 @@ The record is a plain dict filled as the benchmark goes (keys below); only what 
            operations, ceiling_frames_per_s}
   levers: [{lever, stage, rate, gain, ceiling_frames_per_s}]
   end_to_end: [{actors, frames_per_s, learner_steps_per_s, lag, held, waited, ...}]
-  ratio, learner_step_ms, actor_loop_ms, inference_passes, cpu: {service: cores}, agent_steps_per_s
+  actors (the end-to-end run the rest is of), ratio, learner_step_ms, actor_loop_ms, inference_passes,
+  cpu: {service: cores}, agent_steps_per_s
   other_inference: {inference, frames_per_s, x}
+
+`python -m bench.record DIR|FILE ...` prints several runs' records side by side (the A/B runs of
+bench/gpu_checks.sh, say), one row a run.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -114,3 +119,50 @@ def _cores(record: dict, ax) -> bool:
     ax.set_title(f"CPU by service: {bottom / steps * 1e3:.3f} ms an agent step in all", fontsize=10)
     ax.legend(fontsize=7, loc="upper right")
     return True
+
+
+COLUMNS = ("frames/s", "ratio", "learner steps/s", "held", "waited", "GPU busy", "CPU ms/step")
+
+
+def summary_row(record: dict) -> list[str]:
+    """One run's headline figures (COLUMNS): its main end-to-end run (the actor count the CPU split is of),
+    achieved / ceiling where the stages ran, replay holding the actors back and the learner waiting for data,
+    the GPU's busy share where sampled, and the CPU of all services per agent step."""
+    runs = record.get("end_to_end") or []
+    main = next((r for r in runs if r["actors"] == record.get("actors")), runs[-1] if runs else None)
+    if main is None:
+        return ["-"] * len(COLUMNS)
+    cpu, steps = record.get("cpu") or {}, record.get("agent_steps_per_s")
+    return [f"{main['frames_per_s']:,.0f}",
+            f"{record['ratio']:.2f}" if record.get("ratio") is not None else "-",
+            f"{main['learner_steps_per_s']:.2f}", f"{main['held']:.0%}", f"{main['waited']:.0%}",
+            f"{main['gpu_busy_percent']:.0f}%" if "gpu_busy_percent" in main else "-",
+            f"{sum(cpu.values()) / steps * 1e3:.3f}" if cpu and steps else "-"]
+
+
+def compare(paths: list[Path]) -> list[str]:
+    """A table of the records under `paths` (each a bench.json or a folder holding one), one row a run,
+    labelled by its folder, preset, actors and settings."""
+    rows = [["run", *COLUMNS]]
+    for path in paths:
+        file = path / "bench.json" if path.is_dir() else path
+        record = json.loads(file.read_text())
+        settings = " ".join(record.get("settings", []))
+        label = f"{file.parent.name}: {record['preset']}, {record.get('actors', '?')} actors {settings}".rstrip()
+        rows.append([label, *summary_row(record)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths,
+            strict=True))) for row in rows]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.record", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, help="bench.json files, or the folders that hold them")
+    for line in compare(parser.parse_args(argv).paths):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -583,7 +583,7 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
         print(line, flush=True)
         if actors == args.actors:
             preset_fps = e2e["frames_per_s"]
-            record |= {"agent_steps_per_s": achieved, "learner_step_ms": e2e["learner_step_ms"],
+            record |= {"actors": actors, "agent_steps_per_s": achieved, "learner_step_ms": e2e["learner_step_ms"],
                        "actor_loop_ms": e2e["actor_loop_ms"], "inference_passes": e2e["inference_passes"],
                        "cpu": cores_by_service(*e2e["cpu"], e2e["seconds"])}
             if ceiling is not None:

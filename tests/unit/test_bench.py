@@ -263,8 +263,11 @@ def _record() -> dict:
                        "ceiling_frames_per_s": 9000.0},
             "levers": [{"lever": "learner in fp32", "stage": "learner", "rate": 3000.0, "gain": 0.75,
                         "ceiling_frames_per_s": 8000.0}],
-            "end_to_end": [{"actors": 1, "frames_per_s": 5000.0}, {"actors": 2, "frames_per_s": 7000.0}],
-            "ratio": 0.78, "agent_steps_per_s": 1750.0, "cpu": {"actor_svc 0": 0.7, "learner_svc": 0.9},
+            "end_to_end": [{"actors": 1, "frames_per_s": 5000.0, "learner_steps_per_s": 2.0, "held": 0.0,
+                            "waited": 0.5},
+                           {"actors": 2, "frames_per_s": 7000.0, "learner_steps_per_s": 3.0, "held": 0.25,
+                            "waited": 0.0}],
+            "actors": 2, "ratio": 0.78, "agent_steps_per_s": 1750.0, "cpu": {"actor_svc 0": 0.7, "learner_svc": 0.9},
             "other_inference": {"inference": "remote", "frames_per_s": 6000.0, "x": 0.86}}
 
 
@@ -282,3 +285,16 @@ def test_a_bench_record_is_written_as_json_and_drawn(tmp_path):
     partial = {k: v for k, v in record.items() if k not in ("stages", "levers", "ratio", "other_inference")}
     assert [v for _, v in throughput_bars(partial)] == [5000.0, 7000.0]
     assert write(partial, tmp_path / "partial")[1].exists()
+
+
+def test_records_compare_side_by_side_by_their_main_run(tmp_path):
+    from bench.record import compare, write
+
+    record = _record()
+    write(record, tmp_path / "a")
+    write({**record, "actors": 1, "settings": ["actor.inference=remote"]}, tmp_path / "b")
+    header, a, b = compare([tmp_path / "a", tmp_path / "b" / "bench.json"])
+    assert header.split()[:2] == ["run", "frames/s"]
+    # a: its 2-actor run, ratio, 3.00 steps/s, 25% held, 0% waited, no GPU, (0.7 + 0.9) / 1750 s = 0.914 ms
+    assert a.split()[-7:] == ["7,000", "0.78", "3.00", "25%", "0%", "-", "0.914"]
+    assert "actor.inference=remote" in b and b.split()[-7:-4] == ["5,000", "0.78", "2.00"]
