@@ -70,10 +70,12 @@ def test_short_pong_run(tmp_path):
     """Real Pong with the cpu preset: frames flow, versions advance, the bandit gets returns,
     checkpoints and the metrics log are written, and every process stops cleanly."""
     # 8 environments instead of the preset's 16: their first episodes (about 3,500 frames each at random)
-    # end within 50,000 frames, which the bandit's returns need
-    proc, records, run_dir = _launch(tmp_path, "e2e-pong", "cpu", "pong", 100, "--until-frames", "50000",
+    # end within 60,000 frames, which the bandit's returns need. An evaluation of 2 games instead of 8: on a
+    # fast host the run reached its frames (12 s) before the evaluator finished 8 whole Pong games
+    proc, records, run_dir = _launch(tmp_path, "e2e-pong", "cpu", "pong", 100, "--until-frames", "60000",
                                      "--set", "learner.checkpoint_every=20", "--set", "learner.push_every=5",
-                                     "--set", "env.num_envs=8", timeout=240)
+                                     "--set", "env.num_envs=8", "--set", "eval.episodes=2", "--set", "eval.num_envs=2",
+                                     timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = records[-1]
     assert last["frames"] > 20_000
