@@ -32,6 +32,9 @@ def service_cpu_seconds(root_pid: int) -> dict[str, float]:
     return dict(seconds)
 
 
+SHOWN_CORES = 0.005   # a service busier than this has a row (the launcher and an idle bandit do not)
+
+
 def cores_by_service(start: dict[str, float], end: dict[str, float], seconds: float) -> dict[str, float]:
     """The cores each service kept busy between two service_cpu_seconds readings `seconds` apart."""
     return {name: (end[name] - start.get(name, 0.0)) / seconds for name in end}
@@ -44,7 +47,7 @@ def cpu_table(start: dict[str, float], end: dict[str, float], seconds: float, ag
     used = cores_by_service(start, end, seconds)
     rows = ["service                   cores busy   CPU ms per agent step"]
     for name, busy in sorted(used.items(), key=lambda item: -item[1]):
-        if busy >= 0.005:
+        if busy >= SHOWN_CORES:
             rows.append(f"{name:24} {busy:10.2f} {busy / agent_steps_per_s * 1e3:16.3f}")
     total = sum(used.values())
     rows.append(f"{'all services':24} {total:10.2f} {total / agent_steps_per_s * 1e3:16.3f}")

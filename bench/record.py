@@ -5,8 +5,8 @@ service kept busy in the end-to-end window with what one agent step costs each.
 
 The record is a plain dict filled as the benchmark goes (keys below); only what a run measured is in it.
   machine, cores, preset, game, settings                           what ran where
-  stages: {environment, inference, learner (per second, each alone on one core), learner_step_ms,
-           operations, ceiling_frames_per_s}
+  stages: {environment_agent_steps_per_s, inference_samples_per_s, learner_samples_per_s (each alone on one
+           core), learner_step_ms, operations, ceiling_frames_per_s}
   levers: [{lever, stage, rate, gain, ceiling_frames_per_s}]
   end_to_end: [{actors, frames_per_s, learner_steps_per_s, lag, held, waited, ...}]
   actors (the end-to-end run the rest is of), ratio, learner_step_ms, actor_loop_ms, inference_passes,
@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+from bench.cpu_use import SHOWN_CORES
 
 
 def write(record: dict, out: Path) -> tuple[Path, Path]:
@@ -39,7 +41,9 @@ def draw(record: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [p for p in (_throughput, _levers, _cores) if p(record, None)]
+    panels = [draw_panel for draw_panel, data in ((_throughput, throughput_bars(record)),
+                                                  (_levers, record.get("levers")), (_cores, record.get("cpu")))
+              if data]
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6.5 * max(1, len(panels)), 4.6), squeeze=False)
     for panel, ax in zip(panels, axes[0], strict=False):
         panel(record, ax)
@@ -64,11 +68,8 @@ def throughput_bars(record: dict) -> list[tuple[str, float]]:
     return bars
 
 
-def _throughput(record: dict, ax) -> bool:
-    bars = throughput_bars(record)
-    if ax is None or not bars:
-        return bool(bars)
-    labels, values = zip(*bars, strict=True)
+def _throughput(record: dict, ax) -> None:
+    labels, values = zip(*throughput_bars(record), strict=True)
     colours = ["#9e9e9e" if label.startswith("ceiling") else "#1f77b4" for label in labels]
     ax.bar(range(len(values)), values, color=colours)
     for i, v in enumerate(values):
@@ -79,13 +80,10 @@ def _throughput(record: dict, ax) -> bool:
     if record.get("ratio") is not None:
         title += f"; achieved / ceiling {record['ratio']:.2f}"
     ax.set_title(title, fontsize=10)
-    return True
 
 
-def _levers(record: dict, ax) -> bool:
-    levers = record.get("levers") or []
-    if ax is None or not levers:
-        return bool(levers)
+def _levers(record: dict, ax) -> None:
+    levers = record["levers"]
     ceiling = record["stages"]["ceiling_frames_per_s"]
     names = [f"{row['lever']} ({row['gain']:.2f}x {row['stage']})" for row in levers]
     values = [row["ceiling_frames_per_s"] for row in levers]
@@ -98,17 +96,14 @@ def _levers(record: dict, ax) -> bool:
     ax.set_xlabel("ceiling with the lever, frames/s")
     ax.set_title("each lever on its stage alone", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
-    return True
 
 
-def _cores(record: dict, ax) -> bool:
-    cpu = record.get("cpu") or {}
-    if ax is None or not cpu:
-        return bool(cpu)
+def _cores(record: dict, ax) -> None:
+    cpu = record["cpu"]
     steps = record["agent_steps_per_s"]
     bottom = 0.0
     for name, cores in sorted(cpu.items(), key=lambda item: -item[1]):
-        if cores >= 0.005:   # as bench.cpu_use's table: the launcher and an idle bandit stay out of the legend
+        if cores >= SHOWN_CORES:   # as bench.cpu_use's table
             ax.bar(0, cores, bottom=bottom, label=f"{name}: {cores:.2f} cores, {cores / steps * 1e3:.3f} ms a step")
         bottom += cores
     idle = max(record["cores"] - bottom, 0.0)
@@ -118,7 +113,6 @@ def _cores(record: dict, ax) -> bool:
     ax.set_ylabel("cores busy in the end-to-end window")
     ax.set_title(f"CPU by service: {bottom / steps * 1e3:.3f} ms an agent step in all", fontsize=10)
     ax.legend(fontsize=7, loc="upper right")
-    return True
 
 
 COLUMNS = ("frames/s", "ratio", "learner steps/s", "held", "waited", "GPU busy", "CPU ms/step")

@@ -508,7 +508,8 @@ def stages(args: argparse.Namespace, cfg: Config, record: dict) -> tuple[float, 
               "replay would draw again before the next copy; lbc.target_cache)", flush=True)
     parts = learner_parts(cfg)
     print("learner step, ms:  " + ", ".join(f"{part} {ms:,.1f}" for part, ms in parts.items()), flush=True)
-    print(f"learner step, operations dispatched (eager, counted on the CPU): {learner_operations(cfg):,}", flush=True)
+    operations = learner_operations(cfg)
+    print(f"learner step, operations dispatched (eager, counted on the CPU): {operations:,}", flush=True)
     ratio = cfg.replay.replay_ratio
     on_gpu = learner_device == "cuda"
     ceiling = ceiling_rate(args.cores, env, inf, learn, ratio, on_gpu)
@@ -516,7 +517,7 @@ def stages(args: argparse.Namespace, cfg: Config, record: dict) -> tuple[float, 
                else f"{args.cores} / (1/env + 1/inference + {ratio}/learner)")
     print(f"ceiling = {formula} = {ceiling:,.0f} agent steps/s = {ceiling * frame_skip:,.0f} frames/s", flush=True)
     record["stages"] = {"environment_agent_steps_per_s": env, "inference_samples_per_s": inf,
-                        "learner_samples_per_s": learn, "learner_step_ms": parts,
+                        "learner_samples_per_s": learn, "learner_step_ms": parts, "operations": operations,
                         "ceiling_frames_per_s": ceiling * frame_skip}
     if args.levers:
         settings = precision_lever(cfg) | learner_levers(cfg) | (GPU_LEVERS if on_gpu else {})

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,13 +84,13 @@ def wait_for_data(url: str, exprs: list[str], timeout: float, interval: float = 
 
 
 def bound_queries(panels: list[dict], run: str, rate_interval: str = "20s") -> list[str]:
-    """Every target expression of `panels` (lbc.dashboard's built JSON) with the dashboard's variables bound to
-    one run in NAMESPACE."""
+    """Every target expression of `panels` (lbc.dashboard's built JSON), bound_to_run."""
+    return [bound_to_run(t["expr"], run, rate_interval) for p in panels for t in p.get("targets", [])]
+
+
+def bound_to_run(expr: str, run: str, rate_interval: str = "20s") -> str:
+    """`expr` with the dashboard's variables bound to one run in NAMESPACE, every ψ dimension, `rate_interval`."""
     bind = {"$namespace": NAMESPACE, "$run": run, "$dimension": ".*", "$__rate_interval": rate_interval}
-    return [bind_variables(t["expr"], bind) for p in panels for t in p.get("targets", [])]
-
-
-def bind_variables(expr: str, bind: Mapping[str, str]) -> str:
     for var, val in bind.items():
         expr = expr.replace(var, val)
     assert "$" not in expr, f"unbound variable in {expr}"

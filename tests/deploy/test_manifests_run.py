@@ -23,7 +23,7 @@ from lbc import dashboard
 from lbc.launch import SERVICE_ENV_DEFAULTS
 from tests.deploy.manifests import by_kind, config_env, container_env, render, workloads
 from tests.deploy.test_rules import RULE, write_rules
-from tests.prometheus import NAMESPACE, Target, bind_variables, bound_queries, promql, wait_for_data
+from tests.prometheus import Target, bound_queries, bound_to_run, promql, wait_for_data
 from tests.prometheus import prometheus as running_prometheus
 from tests.support import Service, metric, port_is_free, wait_for, wait_healthy
 
@@ -138,12 +138,11 @@ def _dashboard_queries() -> list[str]:
     assert dashboard.INFERENCE_ROW in rows
     panels = [p for title, row in rows.items() if title != dashboard.INFERENCE_ROW for p in row]
     exprs = bound_queries(panels, "dev")
-    bind = {"$namespace": NAMESPACE, "$run": "dev"}
     for var in board["templating"]["list"]:
         query = var.get("query")
         if isinstance(query, str) and query.startswith("label_values("):
             series = query[len("label_values("):].rsplit(",", 1)[0]   # the series behind label_values
-            exprs.append(bind_variables(series, bind))
+            exprs.append(bound_to_run(series, "dev"))
     return exprs
 
 
