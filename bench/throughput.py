@@ -45,7 +45,7 @@ from lbc.acting import CoreInputs, acting_agent, forward
 from lbc.agents import Acting, family_of, make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import PRESETS, Config, load_config
-from lbc.devices import compute_precision, pick_device, pinned
+from lbc.devices import compute_precision, cpu_computes_bf16, pick_device, pinned
 from lbc.envs import make_envs
 from lbc.launch import SERVICE_ENV_DEFAULTS
 from lbc.nets import policy_net
@@ -438,6 +438,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def describe_cpu(cpuinfo: str, capability: str, bf16: bool) -> str:
+    """The CPU as /proc/cpuinfo names it (model name, family and model: the same VM kind has come as AMD EPYC
+    hosts of different generations, which /proc/cpuinfo's name alone does not tell apart), the widest vector
+    instructions torch's kernels use on it, and whether it computes bfloat16 in hardware, which decides the
+    presets' precision (lbc.devices.compute_precision): figures from hosts that differ here do not compare."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    generation = ""
+    if "cpu family" in fields and "model" in fields:
+        generation = f" (family {fields['cpu family']} model {fields['model']})"
+    return f"{name}{generation}, {capability}, {'bf16 in hardware' if bf16 else 'no bf16 in hardware'}"
+
+
+def describe_machine() -> str:
+    """describe_cpu for this machine, and its GPU where one is visible."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    cpu = describe_cpu(cpuinfo, torch.backends.cpu.get_cpu_capability(), cpu_computes_bf16())
+    return cpu + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "")
+
+
 def allocate_as_services(module: str) -> None:
     """Run `python -m module` again with the services' environment unless it has it: glibc reads its tunables
     at start, and the stages measured in this process should allocate as the services do."""
@@ -457,14 +483,13 @@ def main() -> int:
 
     cfg = load_config(args.preset, [f"env.game={args.game}", *args.overrides])
     torch.set_num_threads(1)
-    print(f"machine: {platform.processor() or platform.machine()}, {args.cores} cores, torch {torch.__version__}; "
+    machine = describe_machine()
+    print(f"machine: {machine}, {args.cores} cores, torch {torch.__version__}; "
           f"preset {args.preset}, game {args.game}, {cfg.env.num_envs} envs/actor, batch {cfg.learner.batch_size} x "
           f"{cfg.sequence.length} (+{cfg.sequence.burn_in} burn-in), replay ratio {cfg.replay.replay_ratio}",
           flush=True)
     print("process environment: " + ", ".join(f"{name}={os.environ[name]}" for name in sorted(SERVICE_ENV_DEFAULTS)),
           flush=True)
-    machine = f"{platform.processor() or platform.machine()}" + (
-        f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "")
     record: dict = {"machine": machine, "cores": args.cores, "preset": args.preset, "game": args.game,
                     "settings": args.overrides, "torch": torch.__version__, "time": time.time()}
     if args.end_to_end_only:

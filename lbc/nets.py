@@ -39,6 +39,14 @@ def pixels_to_input(frames: torch.Tensor, centre: bool, by_sort: bool = False) -
     return x / 255.0
 
 
+def gather_rows(x: torch.Tensor, index: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """x.index_select(dim, index), each pick copied as one row: the axes after `dim` are flattened first. On a
+    CPU, index_select over the second axis of a float32 [T, B, H, W, C] batch of frames copies element by
+    element (20-50 ms for a `cpu` batch's 9 sequences, against 5 ms as rows: docs/speed.md, session 37)."""
+    picked = x.reshape(*x.shape[:dim + 1], -1).index_select(dim, index)
+    return picked.view(*x.shape[:dim], len(index), *x.shape[dim + 1:])
+
+
 @dataclass(frozen=True)
 class Frames:
     """uint8 frames as a convolutional torso reads them: their pixel values [..., C, H, W] in the dtype the
@@ -67,9 +75,9 @@ class Frames:
         pixels = self.pixels
         if pixels[0].is_contiguous(memory_format=torch.channels_last):
             # a channels-last frame is [H, W, C] in memory: gather whole frames there
-            pixels = pixels.permute(0, 1, 3, 4, 2).index_select(1, index).permute(0, 1, 4, 2, 3)
+            pixels = gather_rows(pixels.permute(0, 1, 3, 4, 2), index).permute(0, 1, 4, 2, 3)
         else:
-            pixels = pixels.index_select(1, index)
+            pixels = gather_rows(pixels, index)
         return Frames(pixels, None if self.medians is None else self.medians.index_select(1, index))
 
     def reshape(self, *shape: int) -> Frames:

@@ -20,7 +20,7 @@ from collections import OrderedDict
 import torch
 from prometheus_client import Counter
 
-from lbc.nets import Frames, LBCNet, unroll_after_burn_in
+from lbc.nets import Frames, LBCNet, gather_rows, unroll_after_burn_in
 
 LOOKUPS = Counter("lbc_learner_target_cache_lookups_total", "Sequences whose target-network outputs were needed")
 HITS = Counter("lbc_learner_target_cache_hits_total", "Sequences whose target-network outputs were kept")
@@ -103,7 +103,7 @@ def target_outputs(net: LBCNet, frames: torch.Tensor | Frames, b: dict[str, torc
     if missing:
         if len(missing) < len(keys):   # only the sequences not kept, gathered (all of them need no copy)
             index = torch.tensor(missing, device=b["h0"].device)
-            frames = frames.take(index) if isinstance(frames, Frames) else frames.index_select(1, index)
+            frames = frames.take(index) if isinstance(frames, Frames) else gather_rows(frames, index)
             extra = None if extra is None else extra.index_select(1, index)
             b = _sequences(b, index)
         out = unroll_after_burn_in(net, frames, b, burn, grad=False, extra=extra)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bench.throughput import build_parser, ceiling_rate, precision_lever
+from bench.throughput import build_parser, ceiling_rate, describe_cpu, precision_lever
 from lbc.config import load_config
 
 
@@ -298,3 +298,12 @@ def test_records_compare_side_by_side_by_their_main_run(tmp_path):
     # a: its 2-actor run, ratio, 3.00 steps/s, 25% held, 0% waited, no GPU, (0.7 + 0.9) / 1750 s = 0.914 ms
     assert a.split()[-7:] == ["7,000", "0.78", "3.00", "25%", "0%", "-", "0.914"]
     assert "actor.inference=remote" in b and b.split()[-7:-4] == ["5,000", "0.78", "2.00"]
+
+
+def test_the_machine_line_tells_apart_hosts_of_one_name_by_generation_and_bf16():
+    zen3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n" \
+           "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n"
+    zen4 = zen3.replace("model\t\t: 1", "model\t\t: 17")
+    assert describe_cpu(zen3, "AVX2", False) == "AMD EPYC (family 25 model 1), AVX2, no bf16 in hardware"
+    assert describe_cpu(zen4, "AVX512", True) == "AMD EPYC (family 25 model 17), AVX512, bf16 in hardware"
+    assert describe_cpu("", "DEFAULT", False).endswith(", DEFAULT, no bf16 in hardware")

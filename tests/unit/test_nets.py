@@ -7,7 +7,17 @@ import torch
 from lbc import nets
 from lbc.config import load_config
 from lbc.envs import env_spec
-from lbc.nets import LayerNormLSTM, LBCNet, PlainLSTM, build_net, lower_median, pixels_to_input, unroll_after_burn_in
+from lbc.nets import (
+    Frames,
+    LayerNormLSTM,
+    LBCNet,
+    PlainLSTM,
+    build_net,
+    gather_rows,
+    lower_median,
+    pixels_to_input,
+    unroll_after_burn_in,
+)
 from lbc.sequences import sequence_layout
 
 
@@ -400,3 +410,20 @@ def test_frames_read_once_give_every_network_the_outputs_and_gradients_of_readin
             (out.adv.pow(2).sum() + out.value.sum()).backward()
             grads.append([p.grad.clone() for p in model.parameters()])
         assert all(torch.equal(g, h) for g, h in zip(*grads, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8])
+def test_sequences_gathered_as_rows_are_index_selects_values_in_the_frames_own_layout(dtype):
+    torch.manual_seed(0)
+    pixels = (torch.rand(7, 5, 4, 6, 6) * 255).to(dtype)
+    index = torch.tensor([4, 0, 2])
+    assert torch.equal(gather_rows(pixels, index), pixels.index_select(1, index))
+    assert torch.equal(gather_rows(pixels[2:], index), pixels[2:].index_select(1, index))
+    assert torch.equal(gather_rows(pixels[..., 0, 0], index, dim=1), pixels[..., 0, 0].index_select(1, index))
+    medians = torch.rand(7, 5, 4)
+    for layout in (torch.contiguous_format, torch.channels_last):
+        laid = pixels.reshape(35, 4, 6, 6).contiguous(memory_format=layout).view(7, 5, 4, 6, 6)
+        taken = Frames(laid, medians).take(index)
+        assert torch.equal(taken.pixels, pixels.index_select(1, index))
+        assert torch.equal(taken.medians, medians.index_select(1, index))
+        assert taken.pixels[0].is_contiguous(memory_format=layout)
