@@ -143,10 +143,12 @@ def read_frame_sequences(frames: torch.Tensor, stack_start: torch.Tensor, centre
         out = torch.empty((steps, batch, stack, height, width), dtype=dtype, device=frames.device)
     keep = stack_keep(stack_start.transpose(0, 1), stack).transpose(0, 1)   # [T, B, S]
     if frames.device.type == "cpu":
-        # copies, then zeros where a stack started afresh (a few observations a batch): on a CPU a multiply by
-        # the mask in the strided layout costs 3x the copy; on a GPU, reading where (nonzero) would wait for it
-        for k in range(stack):
-            out[:, :, k].copy_(pixels[k:k + steps])
+        # one copy from the frames' windows (a view), written in the output's own order: a copy per stacked
+        # channel writes every cache line of a channels-last output S times (float32 on a 2-core AVX2 host: 40-48
+        # ms against 31.5 for a `cpu` batch; session 37). Then zeros where a stack started afresh (a few
+        # observations a batch): on a CPU a multiply by the mask in the strided layout costs 3x the copy; on a
+        # GPU, reading where (nonzero) would wait for it
+        out.copy_(pixels.unfold(0, stack, 1).permute(0, 1, 4, 2, 3))
         t, b, k = keep.logical_not().nonzero(as_tuple=True)
         out[t, b, k] = 0
     else:
