@@ -38,7 +38,7 @@ def _learns_catch(tmp_path, name: str, preset: str, target: float, *extra: str):
     The evaluation is the judge, not the actors' return: exploring behaviours (random arms, high
     temperatures, NGU's explorative members) keep that return below what the learned policy scores."""
     # the budget is wall-clock time, so a slower host needs more of it for the same frames: agent57 took 238 s
-    # of the 240 it had on a 2-core AVX2 host (session 37), 100-180 s alone there; a run that reaches the bar
+    # of the 240 it had on a 2-core AVX2 host (session 37), about 170 s alone there; a run that reaches the bar
     # stops at once, so the margin costs time only when a run fails
     proc, records, run_dir = _launch(tmp_path, name, preset, "catch", 330, "--until-eval", str(target), *extra,
                                      timeout=390)
