@@ -8,7 +8,7 @@ The record is a plain dict filled as the benchmark goes (keys below); only what 
   stages: {environment_agent_steps_per_s, inference_samples_per_s, learner_samples_per_s (each alone on one
            core), learner_step_ms, operations, ceiling_frames_per_s}
   levers: [{lever, stage, rate, gain, ceiling_frames_per_s}]
-  end_to_end: [{actors, frames_per_s, learner_steps_per_s, lag, held, waited, ...}]
+  end_to_end: [{actors, frames_per_s, learner_steps_per_s, learner_bound_frames_per_s, lag, held, waited, ...}]
   actors (the end-to-end run the rest is of), ratio, learner_step_ms, actor_loop_ms, inference_passes,
   cpu: {service: cores}, agent_steps_per_s
   other_inference: {inference, frames_per_s, x}
@@ -115,12 +115,13 @@ def _cores(record: dict, ax) -> None:
     ax.legend(fontsize=7, loc="upper right")
 
 
-COLUMNS = ("frames/s", "ratio", "learner steps/s", "held", "waited", "GPU busy", "CPU ms/step")
+COLUMNS = ("frames/s", "ratio", "learner steps/s", "keeps up with", "held", "waited", "GPU busy", "CPU ms/step")
 
 
 def summary_row(record: dict) -> list[str]:
     """One run's headline figures (COLUMNS): its main end-to-end run (the actor count the CPU split is of),
-    achieved / ceiling where the stages ran, replay holding the actors back and the learner waiting for data,
+    achieved / ceiling where the stages ran, the learner's steps and the frames/s they keep up with at the replay
+    ratio (bench.throughput.learner_bound_frames), replay holding the actors back and the learner waiting for data,
     the GPU's busy share where sampled, and the CPU of all services per agent step."""
     runs = record.get("end_to_end") or []
     main = next((r for r in runs if r["actors"] == record.get("actors")), runs[-1] if runs else None)
@@ -129,7 +130,9 @@ def summary_row(record: dict) -> list[str]:
     cpu, steps = record.get("cpu") or {}, record.get("agent_steps_per_s")
     return [f"{main['frames_per_s']:,.0f}",
             f"{record['ratio']:.2f}" if record.get("ratio") is not None else "-",
-            f"{main['learner_steps_per_s']:.2f}", f"{main['held']:.0%}", f"{main['waited']:.0%}",
+            f"{main['learner_steps_per_s']:.2f}",
+            f"{main['learner_bound_frames_per_s']:,.0f}" if "learner_bound_frames_per_s" in main else "-",
+            f"{main['held']:.0%}", f"{main['waited']:.0%}",
             f"{main['gpu_busy_percent']:.0f}%" if "gpu_busy_percent" in main else "-",
             f"{sum(cpu.values()) / steps * 1e3:.3f}" if cpu and steps else "-"]
 
@@ -142,7 +145,8 @@ def compare(paths: list[Path]) -> list[str]:
         file = path / "bench.json" if path.is_dir() else path
         record = json.loads(file.read_text())
         settings = " ".join(record.get("settings", []))
-        label = f"{file.parent.name}: {record['preset']}, {record.get('actors', '?')} actors {settings}".rstrip()
+        name = file.parent.name if file.name == "bench.json" else f"{file.parent.name}/{file.stem}"
+        label = f"{name}: {record['preset']}, {record.get('actors', '?')} actors {settings}".rstrip()
         rows.append([label, *summary_row(record)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths,

@@ -342,6 +342,17 @@ def ceiling_rate(cores: int, env: float, inference: float, learner: float, repla
     return cores / (1 / env + 1 / inference + replay_ratio / learner)
 
 
+def learner_bound_frames(cfg: Config, learner_steps_per_s: float) -> float:
+    """Frames/s the learner's steps keep up with at the replay ratio. A step trains on batch_size sequences per
+    replica, each of sequence.length new agent steps (sequences overlap by the burn-in), and each sequence is
+    trained on replay_ratio times: agent steps/s = steps/s x batch_size x replicas x length / replay_ratio.
+    A window's frames/s above it were held in the rate limiter's slack and the queues to replay, not trained on
+    at the ratio: the system cannot keep that rate for longer than those buffers last."""
+    sequences = cfg.learner.batch_size * cfg.learner.replicas
+    return (learner_steps_per_s * sequences * cfg.sequence.length * cfg.env.frames_per_step
+            / cfg.replay.replay_ratio)
+
+
 def precision_lever(cfg: Config) -> dict[str, tuple[str, list[str]]]:
     """The learner and the actors' inference each in the precision the preset does not run in on this machine
     (precision=auto is bf16 on a CPU that computes in bfloat16, else fp32): a row reads forwards for bf16,
@@ -559,8 +570,12 @@ def stages(args: argparse.Namespace, cfg: Config, record: dict) -> tuple[float, 
 
 def split_line(what: str, unit: str, split: dict[str, float]) -> str:
     """One part-by-part line of milliseconds (bench.system's learner_step_split, actor_loop_split)."""
-    return (f"{what} in the system, ms ({unit}, {sum(split.values()):,.1f} in all): "
+    line = (f"{what} in the system, ms ({unit}, {sum(split.values()):,.1f} in all): "
             + ", ".join(f"{part} {ms:,.1f}" for part, ms in split.items()))
+    if split.get("the rest", 0.0) < 0:   # a part's counter is added to when the part ends
+        line += (" (the rest below zero: waits that began before the window ended inside it; the system was "
+                 "still starting)")
+    return line
 
 
 def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, inf: float | None,
@@ -586,11 +601,13 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
         e2e = end_to_end(args.preset, args.game, actors, args.seconds, args.warmup, args.overrides,
                          profile=args.profile and actors == args.actors)
         achieved = e2e["frames_per_s"] / frame_skip
+        bound = learner_bound_frames(cfg, e2e["learner_steps_per_s"])
         first = first or (actors, e2e["frames_per_s"])
         scaling = e2e["frames_per_s"] / (first[1] * actors / first[0])
         line = (f"end to end ({actors} actor(s), {e2e['seconds']:.0f} s after {args.warmup:.0f} s warm-up): "
                 f"{e2e['frames_per_s']:,.0f} frames/s = {achieved:,.0f} agent steps/s, "
-                f"learner {e2e['learner_steps_per_s']:.2f} steps/s, lag {e2e['lag']}")
+                f"learner {e2e['learner_steps_per_s']:.2f} steps/s (they keep up with {bound:,.0f} frames/s), "
+                f"lag {e2e['lag']}")
         held, waited = e2e["waits"]
         line += f", replay held the actors back {held:.0%} of the time and the learner waited for data {waited:.0%}"
         if e2e["target_repeats"] is not None:
@@ -599,7 +616,8 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
             util, memory = sampler.stop()
             line += f", GPU {util:.0f}% busy, {memory:,.0f} MiB"
         run = {"actors": actors, "frames_per_s": e2e["frames_per_s"], "learner_steps_per_s": e2e["learner_steps_per_s"],
-               "lag": e2e["lag"], "held": held, "waited": waited, "scaling": scaling}
+               "learner_bound_frames_per_s": bound, "lag": e2e["lag"], "held": held, "waited": waited,
+               "scaling": scaling}
         if sampler is not None:
             run |= {"gpu_busy_percent": util, "gpu_memory_mib": memory}
         record.setdefault("end_to_end", []).append(run)
@@ -607,6 +625,11 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
             line += (f", {e2e['frames_per_s'] / first[1]:.2f}x the frames/s of {first[0]} actor(s), {scaling:.2f} of "
                      f"linear")
         print(line, flush=True)
+        if e2e["frames_per_s"] > 1.05 * bound:
+            print(f"  the window's frames/s are {e2e['frames_per_s'] / bound:.2f}x what the learner's steps kept up "
+                  "with: the rest filled the rate limiter's slack and the queues to replay, which cannot go on. The "
+                  "rate the system keeps lies between the two (on shared cores the learner speeds up once the "
+                  "actors are held); a longer --seconds measures it", flush=True)
         if actors == args.actors:
             preset_fps = e2e["frames_per_s"]
             record |= {"actors": actors, "agent_steps_per_s": achieved, "learner_step_ms": e2e["learner_step_ms"],

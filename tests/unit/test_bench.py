@@ -288,16 +288,23 @@ def test_a_bench_record_is_written_as_json_and_drawn(tmp_path):
 
 
 def test_records_compare_side_by_side_by_their_main_run(tmp_path):
+    import json
+
     from bench.record import compare, write
 
     record = _record()
     write(record, tmp_path / "a")
-    write({**record, "actors": 1, "settings": ["actor.inference=remote"]}, tmp_path / "b")
-    header, a, b = compare([tmp_path / "a", tmp_path / "b" / "bench.json"])
+    runs = [{**run, "learner_bound_frames_per_s": 4_800.0} for run in record["end_to_end"]]
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "7.json").write_text(json.dumps({**record, "actors": 1, "end_to_end": runs,
+                                                       "settings": ["actor.inference=remote"]}))
+    header, a, b = compare([tmp_path / "a", tmp_path / "b" / "7.json"])
     assert header.split()[:2] == ["run", "frames/s"]
-    # a: its 2-actor run, ratio, 3.00 steps/s, 25% held, 0% waited, no GPU, (0.7 + 0.9) / 1750 s = 0.914 ms
-    assert a.split()[-7:] == ["7,000", "0.78", "3.00", "25%", "0%", "-", "0.914"]
-    assert "actor.inference=remote" in b and b.split()[-7:-4] == ["5,000", "0.78", "2.00"]
+    # a: its 2-actor run, ratio, 3.00 steps/s, no learner bound recorded, 25% held, 0% waited, no GPU,
+    # (0.7 + 0.9) / 1750 s = 0.914 ms
+    assert a.split()[-8:] == ["7,000", "0.78", "3.00", "-", "25%", "0%", "-", "0.914"]
+    assert b.startswith("b/7: ") and "actor.inference=remote" in b
+    assert b.split()[-8:-4] == ["5,000", "0.78", "2.00", "4,800"]
 
 
 def test_the_machine_line_tells_apart_hosts_of_one_name_by_generation_and_bf16():
@@ -307,3 +314,24 @@ def test_the_machine_line_tells_apart_hosts_of_one_name_by_generation_and_bf16()
     assert describe_cpu(zen3, "AVX2", False) == "AMD EPYC (family 25 model 1), AVX2, no bf16 in hardware"
     assert describe_cpu(zen4, "AVX512", True) == "AMD EPYC (family 25 model 17), AVX512, bf16 in hardware"
     assert describe_cpu("", "DEFAULT", False).endswith(", DEFAULT, no bf16 in hardware")
+
+
+def test_the_learner_bound_counts_each_sequences_new_steps_once_per_replay_ratio():
+    from bench.throughput import learner_bound_frames
+
+    # lbc-bm: 64 sequences of 80 new steps (burn-in 40 not counted), 4 frames a step, each trained on twice
+    assert learner_bound_frames(load_config("lbc-bm"), 4.0) == pytest.approx(4.0 * 64 * 80 * 4 / 2)   # 40,960
+    # two replicas of 32 sequences make the same group step
+    two = load_config("lbc-bm", ["learner.replicas=2", "learner.batch_size=32"])
+    assert learner_bound_frames(two, 4.0) == pytest.approx(40_960.0)
+    # impala: 32 sequences of 20 steps, ratio 1
+    assert learner_bound_frames(load_config("impala"), 1.0) == pytest.approx(2_560.0)
+
+
+def test_a_split_whose_rest_is_below_zero_says_the_system_was_still_starting():
+    from bench.throughput import split_line
+
+    line = split_line("an actor's loop", "its 16 games stepped once", {"games": 20.7, "inference": 36.3,
+                                                                        "the rest": -12.0})
+    assert "45.0 in all" in line and "still starting" in line
+    assert "still starting" not in split_line("an actor's loop", "x", {"games": 20.0, "the rest": 1.0})
