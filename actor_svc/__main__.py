@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     puller = None if remote else ParamPuller(cfg, actor_id, agent)
     network = RemoteNetwork(cfg, actor_id, spec, net.num_policies, net.lstm_size, stop) if remote else None
     step = network.forward if network is not None else partial(forward, net)
-    behaviours = BehaviourSource(cfg, actor_id)
+    behaviours = BehaviourSource(cfg, actor_id, ahead=num_envs)
     sender = SequenceSender(cfg, actor_id, stop)
     builder = SequenceBuilder(num_envs, cfg.sequence.burn_in, sequence_layout(cfg))
     health_address = grpc_bind_address(cfg.endpoints.bind_host, cfg.endpoints.actor_health_base + args.index)
@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     set_serving(health, ["lbc.v1.Actor"], serving=False)
     if network is not None:
         network.close()
+    behaviours.close()
     sender.close()
     envs.close()
     server.stop(grace=0.5).wait()

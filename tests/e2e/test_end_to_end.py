@@ -52,21 +52,41 @@ def _learns_catch(tmp_path, name: str, preset: str, target: float, *extra: str):
     return records, evals
 
 
-# prioritised replay is extended (decision 47): its sampling, priorities and importance weights are tested
-# against references in tests/unit/test_replay_buffer.py and through the replay service in
-# tests/integration/test_replay_service.py
+def _acted_through_the_inference_service(run_dir, actors: int) -> None:
+    log = (run_dir / "logs" / "inference.log").read_text()
+    assert "inference up at" in log, log[-2000:]
+    for actor in range(actors):
+        assert "inference at" in (run_dir / "logs" / f"actor-{actor}.log").read_text()
+
+
+# All three are extended (decision 47). Prioritised replay: its sampling, priorities and importance weights are
+# tested against references in tests/unit/test_replay_buffer.py and through the replay service in
+# tests/integration/test_replay_service.py. The behaviour temperature as the target: dice's Catch run learns
+# with it (one policy) and the short Pong run takes it through `cpu`'s three. Central inference: the service
+# answers as the published network, states included (tests/integration/test_inference_service.py), and
+# test_actors_act_through_the_inference_service runs the path end to end in CI.
 @pytest.mark.parametrize("variant", [
     pytest.param(["--set", "replay.prioritised=true"], marks=EXTENDED),
-    ["--set", "learner.target_policy=behaviour_temperature"],
-    ["--actors", "2", "--set", "actor.inference=remote"],
+    pytest.param(["--set", "learner.target_policy=behaviour_temperature"], marks=EXTENDED),
+    pytest.param(["--actors", "2", "--set", "actor.inference=remote"], marks=EXTENDED),
 ], ids=["prioritised-replay", "behaviour-temperature", "remote-inference"])
 def test_lbc_bm_variants_learn_catch(tmp_path, variant):
     _learns_catch(tmp_path, "e2e-catch", "catch", 0.9, *variant)
     if "actor.inference=remote" in variant:   # both actors acted through the one inference service
-        log = (tmp_path / "e2e-catch" / "logs" / "inference.log").read_text()
-        assert "inference up at" in log, log[-2000:]
-        for actor in (0, 1):
-            assert "inference at" in (tmp_path / "e2e-catch" / "logs" / f"actor-{actor}.log").read_text()
+        _acted_through_the_inference_service(tmp_path / "e2e-catch", 2)
+
+
+def test_actors_act_through_the_inference_service(tmp_path):
+    """Two actors of `catch` whose games are answered by one inference service: sequences reach the learner,
+    which trains and publishes versions the service picks up, and every process stops cleanly."""
+    proc, records, run_dir = _launch(tmp_path, "e2e-remote", "catch", "catch", 120, "--until-learner-steps", "20",
+                                     "--actors", "2", "--set", "actor.inference=remote", timeout=200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "learner reached 20 steps" in proc.stdout, proc.stdout[-3000:]
+    assert records[-1]["frames"] > 0 and records[-1]["version"] >= 2
+    _acted_through_the_inference_service(run_dir, 2)
+    for log in (run_dir / "logs").glob("*.log"):
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
 def test_short_pong_run(tmp_path):
@@ -138,7 +158,8 @@ def test_ngu_learns_catch(tmp_path, preset):
 # (lbc-reduce-h: cpu's three heads, all h_1); their Catch tests above run them end to end (those of
 # dice-random, lbc-random and lbc-reduce-h in make test-extended, decision 47).
 SMOKE_COVERED_ELSEWHERE = {"cpu", "catch", "paper", "impala-cpu", "dice-random", "lbc-random", "lbc-reduce-h",
-                           "minatar", "impala-minatar"}   # MinAtar, not Atari: test_minatar_beats_random_play
+                           "impala-minatar"}   # impala-cpu's code on minatar's game
+SMOKE_GAMES = {"minatar": "breakout"}   # MinAtar's; the others play Atari Pong
 # extended (make test-extended, decision 47): presets whose Atari smoke repeats code another CI smoke takes on
 # Atari, their own parts running end to end in CI on Catch or in a smoke: dice-fixed (dice's losses, impala's
 # fixed-temperature acting), gdi-i3 (gdi-h3's mixture on one head), lbc-reduce-h-psi (cpu's nets with one
@@ -146,20 +167,23 @@ SMOKE_COVERED_ELSEWHERE = {"cpu", "catch", "paper", "impala-cpu", "dice-random",
 SMOKE_EXTENDED = {"dice-fixed", "gdi-i3", "lbc-reduce-h-psi"}
 SMOKE_PRESETS = [pytest.param(p, marks=EXTENDED) if p in SMOKE_EXTENDED else p
                  for p in sorted(set(PRESETS) - SMOKE_COVERED_ELSEWHERE)]
+# no evaluator: on two cores its start (a fifth process importing torch) is a tenth of a smoke, and every
+# family's evaluation runs in CI's Catch runs and tests/integration/test_evaluator.py
 SMOKE_SIZING = {"env": {"num_envs": 4, "max_episode_frames": 400}, "sequence": {"burn_in": 5, "length": 10},
                 "replay": {"min_sequences": 8, "capacity_sequences": 64},
                 "learner": {"batch_size": 4, "push_every": 1, "checkpoint_every": 1000},
-                "actor": {"pull_every": 8}}
+                "actor": {"pull_every": 8}, "eval": {"enabled": False}}
 
 
 @pytest.mark.parametrize("preset", SMOKE_PRESETS)
 def test_preset_atari_smoke(tmp_path, preset):
-    """Each preset's own networks, losses, behaviour and bandit on real Pong, briefly: frames flow, the
-    learner steps and pushes, actors pull, and (with a bandit) an episode's return comes back.
-    Sizes are shrunk (4 envs, batch 4 of sequences of 10 steps after 5 of burn-in, episodes capped at 400
-    frames); the model is the preset's."""
-    proc, records, run_dir = _launch(tmp_path, f"e2e-{preset}-pong", preset, "pong", 120, "--until-learner-steps", "3",
-                                     *_as_sets(SMOKE_SIZING), timeout=200)
+    """Each preset's own networks, losses, behaviour and bandit on a real game, briefly (Atari Pong; MinAtar
+    Breakout for `minatar`): frames flow, the learner steps and pushes, actors pull, and (with a bandit) an
+    episode's return comes back. Sizes are shrunk (4 envs, batch 4 of sequences of 10 steps after 5 of
+    burn-in, episodes capped at 400 frames); the model is the preset's."""
+    game = SMOKE_GAMES.get(preset, "pong")
+    proc, records, run_dir = _launch(tmp_path, f"e2e-{preset}-{game}", preset, game, 120, "--until-learner-steps",
+                                     "3", *_as_sets(SMOKE_SIZING), timeout=200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "learner reached 3 steps" in proc.stdout, proc.stdout[-3000:]
     last = records[-1]
@@ -182,8 +206,11 @@ def _random_play(cfg, episodes: int = 200) -> float:
     return float(np.mean(scores))
 
 
-# impala-minatar is extended (decision 47): it is impala-cpu (Catch, in CI) on MinAtar (minatar, in CI)
-@pytest.mark.parametrize("preset", ["minatar", pytest.param("impala-minatar", marks=EXTENDED)])
+# Both extended (decision 47): minatar is lbc-bm's learning (Catch, in CI) on MinAtar's game and torso, which
+# its smoke (test_preset_atari_smoke) and tests/unit/test_other_envs.py take in CI; impala-minatar is impala-cpu
+# (Catch, in CI) on the same game.
+@pytest.mark.parametrize("preset", [pytest.param("minatar", marks=EXTENDED),
+                                    pytest.param("impala-minatar", marks=EXTENDED)])
 def test_minatar_beats_random_play(tmp_path, preset):
     """MinAtar Breakout (env.kind=minatar, its sticky actions) through the whole system: the evaluator's score
     of 16 games goes past 2.5, five times random play's (measured here, about 0.5), within the budget."""
@@ -200,13 +227,17 @@ def test_minatar_beats_random_play(tmp_path, preset):
 
 
 
-def test_lbc_bm_learns_catch_with_two_learner_replicas_one_killed_on_the_way(tmp_path):
+# Learning to the bar is extended (decision 47): the group's gradient is the gradient over the union of its
+# batches (tests/unit/test_replicas.py, two real processes over gloo), and the single learner learns Catch in
+# CI; CI's run trains the group to 100 steps through the kill and the group's return.
+@pytest.mark.parametrize("until", [pytest.param(["--until-eval", "0.9"], marks=EXTENDED),
+                                   ["--until-learner-steps", "100"]], ids=["learns", "trains"])
+def test_two_learner_replicas_train_through_one_killed_on_the_way(tmp_path, until):
     """All the services, with learner.replicas=2 (two learner processes averaging their gradients over gloo,
-    replica 0 publishing), learn Catch to near-optimal (the best policy scores +1 every episode): the
-    evaluator's greedy score goes from untrained play to 0.9, every evaluation logged with the version it
-    played, in order. Replica 1 is killed once the group has trained; the group starts again from replica 0's
-    checkpoint (the launcher restarts whoever died). The single-learner path learns Catch in the variants
-    below and in test_preset_learns_catch."""
+    replica 0 publishing). Replica 1 is killed once the group has trained; the group starts again from replica
+    0's checkpoint (the launcher restarts whoever died) and trains on. `learns`: to near-optimal on Catch (the
+    best policy scores +1 every episode), the evaluator's greedy score going from untrained play to 0.9, every
+    evaluation logged with the version it played, in order; `trains`: to 100 steps."""
     import signal
     import threading
 
@@ -231,18 +262,21 @@ def test_lbc_bm_learns_catch_with_two_learner_replicas_one_killed_on_the_way(tmp
 
     killer = threading.Thread(target=kill_replica_one_once_trained, daemon=True)
     killer.start()
-    proc, records, _ = _launch(tmp_path, "e2e-replicas", "catch", "catch", 240, "--until-eval", "0.9",
+    proc, records, _ = _launch(tmp_path, "e2e-replicas", "catch", "catch", 240, *until,
                                "--set", "learner.replicas=2", "--set", "learner.checkpoint_every=50", timeout=300)
     killer.join(timeout=5)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "evaluation score reached 0.9" in proc.stdout, proc.stdout[-3000:]
     assert killed, "replica 1 was never seen training"
     assert "learner-1 exited with -9" in proc.stdout and "learner exited with 1" in proc.stdout, proc.stdout[-3000:]
     assert "replica group broken" in (run_dir / "logs" / "learner.log").read_text()
     assert (run_dir / "logs" / "learner-1.log").read_text().count("group formed") >= 2   # it met the group again
+    steps = [r["learner_steps"] or 0 for r in records]
+    assert max(steps) > 40 and len(set(steps)) > 5   # the group trained before and after the kill
+    if "--until-learner-steps" in until:
+        assert "learner reached 100 steps" in proc.stdout, proc.stdout[-3000:]
+        return
+    assert "evaluation score reached 0.9" in proc.stdout, proc.stdout[-3000:]
     evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert evals[0]["mean"] < 0.5 and evals[-1]["mean"] >= 0.9 and evals[-1]["policy"] == "greedy"
     assert [e["version"] for e in evals] == sorted(e["version"] for e in evals)
     assert max(r["bandit_episodes"] or 0 for r in records) > 100
-    steps = [r["learner_steps"] or 0 for r in records]
-    assert max(steps) > 40 and len(set(steps)) > 5   # the group trained before and after the kill

@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from lbc.peers import BanditClient
-from tests.support import Service, endpoint_overrides, overrides_dict, wait_healthy
+from tests.support import Service, endpoint_overrides, overrides_dict, wait_for, wait_healthy
 
 
 def test_select_report_and_restart(tmp_path):
@@ -76,4 +76,49 @@ def test_agent57_meta_controller_chooses_j_and_keeps_its_window(tmp_path):
     assert stats.episodes == 6 and stats.dimensions[0].name == "mixture"
     assert stats.dimensions[0].mean_return[3] == 10.0
     client.close()
+    assert svc.stop() == 0, svc.log()
+
+
+def test_an_actor_gets_behaviours_chosen_ahead_and_its_returns_reach_the_bandit_after_an_outage(tmp_path):
+    """actor_svc.peers.BehaviourSource against a real bandit: it keeps `ahead` behaviours chosen, hands them
+    out without a round trip, sends every return from its own thread, falls back to the default psi while the
+    bandit is away, and the returns queued meanwhile arrive once it is back (nothing lost)."""
+    from actor_svc.peers import BehaviourSource
+    from lbc.config import load_config
+
+    overrides = endpoint_overrides(tmp_path / "run") + ["bandit.snapshot_every_s=0.5"]
+    address = overrides_dict(overrides)["endpoints.bandit"]
+    svc = Service("bandit_svc", "cpu", overrides, tmp_path).start()
+    wait_healthy(address, "lbc.v1.BanditService")
+    client = BanditClient(address, 5.0)
+    source = BehaviourSource(load_config("cpu", overrides), "actor-a", ahead=4)
+
+    def episodes() -> int:   # the test's own channel may still be reconnecting after the restart
+        try:
+            return client.stats("actor-a").actors[0].episodes
+        except grpc.RpcError:
+            return -1
+
+    try:
+        wait_for(lambda: len(source.stock) == 4, 10, "four behaviours chosen ahead")
+        first = [source.next() for _ in range(4)]
+        assert all(b.episode_id.startswith("actor-a/") for b in first) and len({b.episode_id for b in first}) == 4
+        assert sum(client.stats("actor-a").actors[0].dimensions[0].selections) >= 4
+        for i, b in enumerate(first):
+            source.report(b.episode_id, float(i))
+        wait_for(lambda: episodes() == 4, 10, "the four returns at the bandit")
+        wait_for(lambda: len(source.stock) == 4, 10, "the stock topped up")
+
+        # the bandit goes away: the stock, then the default psi (no episode id: nothing to report)
+        assert svc.stop() == 0, svc.log()
+        during = [source.next() for _ in range(6)]
+        assert [b.episode_id == "" for b in during] == [False] * 4 + [True] * 2
+        for i, b in enumerate(during):
+            source.report(b.episode_id, float(i))   # four queued, two without an episode
+        svc = Service("bandit_svc", "cpu", overrides, tmp_path).start()   # restores its snapshot: 4 episodes
+        wait_healthy(address, "lbc.v1.BanditService")
+        wait_for(lambda: episodes() == 8, 30, "the queued returns at the bandit")
+    finally:
+        source.close()
+        client.close()
     assert svc.stop() == 0, svc.log()
