@@ -70,7 +70,7 @@ test-tools:
 
 test: install test-tools
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -m "not extended" tests
+	$(PY) -m pytest -q -m "not extended" --durations=15 tests
 
 # Preset learning runs whose code the runs in make test already cover (docs/decisions.md 47): about eight minutes.
 test-extended: install

@@ -141,7 +141,8 @@ def test_preset_learns_catch(tmp_path, preset, target):
 
 
 # ngu is extended (decision 47): agent57 is NGU's networks, losses and actors with the meta-controller choosing
-# j, so its run takes every part of ngu's learning end to end in CI; ngu's own acting runs in the Atari smoke.
+# j, so its run takes every part of ngu's learning end to end in CI; ngu's own j per environment is what an
+# agent57 actor plays while the bandit is away (tests/integration/test_actor_resilience.py).
 @pytest.mark.parametrize("preset", [pytest.param("ngu", marks=EXTENDED), "agent57"])
 def test_ngu_learns_catch(tmp_path, preset):
     """NGU, and NGU with Agent57's meta-controller, on the same harness, evaluated as the papers do: the
@@ -163,8 +164,10 @@ SMOKE_GAMES = {"minatar": "breakout"}   # MinAtar's; the others play Atari Pong
 # extended (make test-extended, decision 47): presets whose Atari smoke repeats code another CI smoke takes on
 # Atari, their own parts running end to end in CI on Catch or in a smoke: dice-fixed (dice's losses, impala's
 # fixed-temperature acting), gdi-i3 (gdi-h3's mixture on one head), lbc-reduce-h-psi (cpu's nets with one
-# policy, psi = tau; its Catch run is in CI)
-SMOKE_EXTENDED = {"dice-fixed", "gdi-i3", "lbc-reduce-h-psi"}
+# policy, psi = tau; its Catch run is in CI), ngu (agent57's networks and losses, whose smoke is in CI; its
+# own j per environment is what an agent57 actor plays while the bandit is away, in
+# tests/integration/test_actor_resilience.py)
+SMOKE_EXTENDED = {"dice-fixed", "gdi-i3", "lbc-reduce-h-psi", "ngu"}
 SMOKE_PRESETS = [pytest.param(p, marks=EXTENDED) if p in SMOKE_EXTENDED else p
                  for p in sorted(set(PRESETS) - SMOKE_COVERED_ELSEWHERE)]
 # no evaluator: on two cores its start (a fifth process importing torch) is a tenth of a smoke, and every
