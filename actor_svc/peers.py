@@ -112,7 +112,7 @@ class BehaviourSource:
                                    channel_credentials_of(cfg)) \
             if cfg.behaviour.controlled else None
         self.backoff = Backoff(initial=0.5)
-        self.ahead = min(ahead, MAX_AHEAD) if self.client is not None else 0
+        self.ahead = min(ahead, MAX_AHEAD)
         self.stock: deque[EpisodeBehaviour] = deque()
         self.returns: deque[tuple[str, float]] = deque(maxlen=MAX_QUEUED_RETURNS)
         self.wake, self.closing = threading.Event(), threading.Event()

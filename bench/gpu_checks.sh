@@ -34,11 +34,13 @@ export PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/lbc-compile-cache}
 SPIN=(--set learner.gpu_wait=spin --set actor.gpu_wait=spin)
 
+RUN=0
 system() {   # system LABEL [bench.throughput arguments...]: one end-to-end run at 16 actors unless told; its
-    # figures also in $OUT/<the label's number>.json where OUT names a folder (the device tool's, which returns
-    # at most 8 files: bench.record draws the pictures from the records afterwards)
+    # figures also in $OUT/<order>-<the label's number>.json where OUT names a folder (the device tool's, which
+    # returns at most 8 files: bench.record draws the pictures from the records afterwards)
     echo "== $1"
-    local n=${1%%.*} out=()
+    RUN=$((RUN + 1))
+    local n=$RUN-${1%%.*} out=()
     [ -n "${OUT:-}" ] && out=(--out "/tmp/gpu_checks/$n")
     shift
     # a window of 40 s: session 38's of 15 s after 30 s of warm-up counted frames that filled the rate limiter's

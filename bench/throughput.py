@@ -625,7 +625,7 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
             line += (f", {e2e['frames_per_s'] / first[1]:.2f}x the frames/s of {first[0]} actor(s), {scaling:.2f} of "
                      f"linear")
         print(line, flush=True)
-        if e2e["frames_per_s"] > 1.05 * bound:
+        if bound > 0 and e2e["frames_per_s"] > 1.05 * bound:   # no step in the window: nothing to compare
             print(f"  the window's frames/s are {e2e['frames_per_s'] / bound:.2f}x what the learner's steps kept up "
                   "with: the rest filled the rate limiter's slack and the queues to replay, which cannot go on. The "
                   "rate the system keeps lies between the two (on shared cores the learner speeds up once the "

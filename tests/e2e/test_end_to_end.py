@@ -32,6 +32,11 @@ def _launch(tmp_path, name, preset, game, duration, *extra, timeout):
     return proc, records, run_dir
 
 
+def _no_tracebacks(run_dir) -> None:
+    for log in (run_dir / "logs").glob("*.log"):
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
 def _learns_catch(tmp_path, name: str, preset: str, target: float, *extra: str):
     """Run a preset on Catch until its evaluator (fixed policy, 32 whole games) scores `target`; check the
     run stopped for that reason and its evaluations are logged. Returns the metrics records and evaluations.
@@ -47,8 +52,7 @@ def _learns_catch(tmp_path, name: str, preset: str, target: float, *extra: str):
     evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert evals[-1]["mean"] >= target and evals[-1]["episodes"] == CATCH_SIZING["eval"]["episodes"]
     assert records[-1]["eval_score"] >= target and records[-1]["version"] > 0
-    for log in (run_dir / "logs").glob("*.log"):
-        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    _no_tracebacks(run_dir)
     return records, evals
 
 
@@ -85,8 +89,7 @@ def test_actors_act_through_the_inference_service(tmp_path):
     assert "learner reached 20 steps" in proc.stdout, proc.stdout[-3000:]
     assert records[-1]["frames"] > 0 and records[-1]["version"] >= 2
     _acted_through_the_inference_service(run_dir, 2)
-    for log in (run_dir / "logs").glob("*.log"):
-        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    _no_tracebacks(run_dir)
 
 
 def test_short_pong_run(tmp_path):
@@ -110,8 +113,7 @@ def test_short_pong_run(tmp_path):
     assert list((run_dir / "checkpoints").glob("ckpt-*.pt"))
     assert (run_dir / "bandit" / "state.json").exists()
     assert "frames" in proc.stdout and "lbc: stopped" in proc.stdout
-    for log in (run_dir / "logs").glob("*.log"):
-        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    _no_tracebacks(run_dir)
     # the preset's target network: replay's early draws repeat sequences, whose target outputs were kept
     kept = re.findall(r"outputs kept for (\d+) of (\d+) sequences", (run_dir / "logs" / "learner.log").read_text())
     assert kept and 0 < int(kept[-1][0]) < int(kept[-1][1])   # the last: at the learner's stop
@@ -191,8 +193,7 @@ def test_preset_atari_smoke(tmp_path, preset):
     assert "learner reached 3 steps" in proc.stdout, proc.stdout[-3000:]
     last = records[-1]
     assert last["frames"] > 0 and last["version"] >= 1
-    for log in (run_dir / "logs").glob("*.log"):
-        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    _no_tracebacks(run_dir)
 
 
 def _random_play(cfg, episodes: int = 200) -> float:
