@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -318,14 +319,16 @@ def main(argv: list[str] | None = None) -> int:
         name = args.name or f"{cfg.preset}-{game.replace('/', '-')}"
         run_dir = args.runs_dir / name
         cfg = load_config(args.preset, [*overrides, f"run_dir={run_dir}"])
+        check_run_dir(run_dir, args.resume, args.overwrite)   # before the ports: it depends on no other program
         check_ports(local_ports(cfg, args.actors))
-        check_run_dir(run_dir, args.resume, args.overwrite)
     except PreflightError as exc:
         print(f"lbc: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:   # pydantic's message names the field
         print(f"invalid configuration:\n{exc}", file=sys.stderr)
         return 2
+    if args.overwrite and run_dir.exists():
+        shutil.rmtree(run_dir)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
     if cfg.security.enabled:

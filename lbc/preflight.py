@@ -3,7 +3,6 @@ change, instead of a service crash-looping with the cause in its log."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 from pathlib import Path
 
@@ -95,7 +94,8 @@ def check_ports(ports: dict[str, int]) -> None:
 
 
 def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
-    """A run folder is continued only on purpose and replaced only on purpose."""
+    """A run folder is continued only on purpose and replaced only on purpose. It deletes nothing: the
+    launcher replaces a folder only once every other check has passed."""
     checkpoints = list((run_dir / "checkpoints").glob("ckpt-*.pt"))
     if resume and overwrite:
         raise PreflightError("--resume continues a run and --overwrite deletes it: choose one")
@@ -108,4 +108,3 @@ def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         if not overwrite:
             raise PreflightError(f"{run_dir} already holds a run: --resume continues it, --overwrite replaces it, "
                                  f"--name NAME starts another")
-        shutil.rmtree(run_dir)

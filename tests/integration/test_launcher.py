@@ -22,7 +22,10 @@ def _argv(tmp_path, *extra: str) -> list[str]:
 
 
 def _refused(tmp_path, *extra: str) -> str:
-    proc = subprocess.run(_argv(tmp_path, *extra), cwd=REPO, capture_output=True, text=True, timeout=60)
+    """The launcher's refusal on fresh ports, so that a program holding a default port elsewhere on the
+    machine changes no refusal."""
+    argv = _argv(tmp_path, *launcher_endpoint_args(tmp_path / "runs"), *extra)
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "started" not in proc.stdout
     return proc.stderr
@@ -71,6 +74,14 @@ def test_an_existing_run_is_refused_unless_resumed_or_overwritten(tmp_path):
     err = _refused(tmp_path, "--preset", "catch")
     assert "already holds a run: --resume continues it, --overwrite replaces it" in err
     assert "--overwrite deletes it: choose one" in _refused(tmp_path, "--preset", "catch", "--resume", "--overwrite")
+    port = free_port()
+    with socket.socket() as holder:   # --overwrite replaces a run only once the new one can start
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        busy = ["--set", f"endpoints.bandit=127.0.0.1:{port}"]
+        assert "already holds a run" in _refused(tmp_path, "--preset", "catch", *busy)   # the run, then the ports
+        err = _refused(tmp_path, "--preset", "catch", "--overwrite", *busy)
+    assert f"port {port} (endpoints.bandit) is in use" in err
     assert (run_dir / "metrics.jsonl").read_text() == "{}\n"
 
 
