@@ -8,6 +8,7 @@ chose wait in a queue until it is back), a dead or saturated replay means the ac
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -23,10 +24,11 @@ from lbc import codec
 from lbc.behaviour import EpisodeBehaviour
 from lbc.config import Config
 from lbc.params import load_blob
-from lbc.peers import BanditClient, ParameterClient
+from lbc.peers import MAX_BEHAVIOURS_PER_EXCHANGE, MAX_RETURNS_PER_EXCHANGE, BanditClient, ParameterClient
 from lbc.psi import Psi, psi_problem
 from lbc.security import channel_credentials_of, secure_client_socket
 from lbc.service import Backoff
+from lbcproto import lbc_pb2
 
 log = logging.getLogger("actor")
 
@@ -37,7 +39,6 @@ REPORTS = Counter("lbc_actor_bandit_reports_total", "Episode returns reported to
 SENT = Counter("lbc_actor_sequences_sent_total", "Sequences sent to replay")
 SEND_BLOCKED = Counter("lbc_actor_send_blocked_seconds_total", "Seconds waiting on replay (backpressure)")
 
-MAX_AHEAD = 256   # behaviours chosen ahead, well inside the bandit's open episodes per actor (1,024)
 MAX_QUEUED_RETURNS = 4096   # returns waiting for the bandit while it is away
 
 
@@ -94,11 +95,12 @@ def check_behaviour(tau: list[float], omega: list[float], components: int, tau_m
 class BehaviourSource:
     """The episodes' behaviours from the bandit, and their returns back to it, off the acting loop.
 
-    A thread of its own sends the returns and keeps up to `ahead` behaviours chosen in advance (one per
-    environment: Catch's episodes end together), so the loop waits on the bandit only when that stock is
-    empty. A chosen-ahead behaviour was picked before the returns of the last `ahead` episodes reached the
-    bandit (docs/decisions.md 69). Each round trip took 1.3 ms on two cores, 28% of an agent57 Catch actor's
-    loop, where episodes last 9 steps."""
+    A thread of its own keeps up to `ahead` behaviours chosen in advance (one per environment: Catch's
+    episodes end together) and trades the returns queued since its last call for new choices in one
+    Exchange call (docs/decisions.md 70), so the loop waits on the bandit only when that stock is empty. A
+    chosen-ahead behaviour was picked before the returns of the last `ahead` episodes reached the bandit
+    (decision 69). One round trip per episode took 1.3 ms on two cores, 28% of an agent57 Catch actor's loop,
+    where episodes last 9 steps."""
 
     def __init__(self, cfg: Config, actor_id: str, ahead: int = 0) -> None:
         self.actor_id = actor_id
@@ -112,7 +114,7 @@ class BehaviourSource:
                                    channel_credentials_of(cfg)) \
             if cfg.behaviour.controlled else None
         self.backoff = Backoff(initial=0.5)
-        self.ahead = min(ahead, MAX_AHEAD)
+        self.ahead = min(ahead, MAX_BEHAVIOURS_PER_EXCHANGE)
         self.stock: deque[EpisodeBehaviour] = deque()
         self.returns: deque[tuple[str, float]] = deque(maxlen=MAX_QUEUED_RETURNS)
         self.wake, self.closing = threading.Event(), threading.Event()
@@ -128,12 +130,12 @@ class BehaviourSource:
             return self.stock.popleft()
         except IndexError:
             pass
-        chosen = self._select()
-        if chosen is None:
+        chosen = self._exchange([], 1)
+        if not chosen:
             if self.client is not None:
                 FALLBACKS.inc()
             return self.default
-        return chosen
+        return chosen[0]
 
     def report(self, episode_id: str, episode_return: float) -> None:
         """Queue an episode's return for the bandit (the oldest dropped beyond MAX_QUEUED_RETURNS)."""
@@ -155,35 +157,49 @@ class BehaviourSource:
         while True:
             self.wake.wait(0.5)
             self.wake.clear()
-            while self.returns and self._available():
-                if not self._report(*self.returns[0]):
-                    break   # kept for the bandit's return
-                self.returns.popleft()
+            while self._available():
+                returns = list(itertools.islice(self.returns, MAX_RETURNS_PER_EXCHANGE))
+                wanted = 0 if self.closing.is_set() else self.ahead - len(self.stock)
+                if not returns and wanted <= 0:
+                    break
+                chosen = self._exchange(returns, max(wanted, 0))
+                if chosen is None:
+                    break   # the returns are kept for the bandit's return
+                for _ in returns:
+                    self.returns.popleft()
+                self.stock.extend(chosen)
+                if len(chosen) < wanted:
+                    break   # invalid choices: asked again at the next wake, not in a tight loop
             if self.closing.is_set():
                 return
-            while len(self.stock) < self.ahead and self._available():
-                chosen = self._select()
-                if chosen is None:
-                    break
-                self.stock.append(chosen)
 
     def _available(self) -> bool:
         return self.client is not None and self.backoff.ready()
 
-    def _failed(self, what: str, exc: grpc.RpcError) -> None:
-        self.backoff.fail()
-        log.warning("bandit %s failed (%s); default psi until it answers", what, exc.code().name)
-
-    def _select(self) -> EpisodeBehaviour | None:
-        """One behaviour from the bandit; None when it is unreachable or its answer is invalid."""
+    def _exchange(self, returns: list[tuple[str, float]], wanted: int) -> list[EpisodeBehaviour] | None:
+        """Send returns and ask for `wanted` behaviours: the valid ones, or None when the bandit did not
+        answer (the returns are to be sent again)."""
         if not self._available():
             return None
         try:
-            b = self.client.select(self.actor_id)
+            reply = self.client.exchange(self.actor_id, returns, wanted)
         except grpc.RpcError as exc:
-            self._failed("select", exc)
+            REPORTS.labels("error").inc(len(returns))
+            self.backoff.fail()
+            log.warning("bandit exchange failed (%s); default psi until it answers", exc.code().name)
             return None
         self.backoff.reset()
+        if len(reply.reports) != len(returns) or len(reply.behaviours) > wanted:
+            log.error("bandit answered %d reports for %d returns and %d behaviours for %d; ignored",
+                      len(reply.reports), len(returns), len(reply.behaviours), wanted)
+            return []
+        for r in reply.reports:
+            REPORTS.labels("accepted" if r.accepted else "refused").inc()
+            if not r.accepted:
+                log.warning("bandit refused a return: %s", r.reason)
+        return [c for c in map(self._checked, reply.behaviours) if c is not None]
+
+    def _checked(self, b: lbc_pb2.Behavior) -> EpisodeBehaviour | None:
         mixture = b.mixture if b.HasField("mixture") else None
         problem = check_behaviour(list(b.tau), list(b.omega), self.num_components, self.tau_max, mixture,
                                   self.num_mixtures)
@@ -191,19 +207,6 @@ class BehaviourSource:
             log.error("bandit answered an invalid psi (%s); default psi for this episode", problem)
             return None
         return EpisodeBehaviour(b.episode_id, Psi(tuple(b.tau), tuple(b.omega)), mixture)
-
-    def _report(self, episode_id: str, episode_return: float) -> bool:
-        """Send one return; False when the bandit did not answer (the return is to be sent again)."""
-        try:
-            reply = self.client.report(self.actor_id, episode_id, episode_return)
-        except grpc.RpcError as exc:
-            REPORTS.labels("error").inc()
-            self._failed("report", exc)
-            return False
-        REPORTS.labels("accepted" if reply.accepted else "refused").inc()
-        if not reply.accepted:
-            log.warning("bandit refused a return: %s", reply.reason)
-        return True
 
 
 class SequenceSender:

@@ -11,6 +11,7 @@ from prometheus_client import Counter, Gauge
 
 from bandit_svc.state import BanditState, UnknownEpisode
 from lbc.config import Config
+from lbc.peers import MAX_BEHAVIOURS_PER_EXCHANGE, MAX_RETURNS_PER_EXCHANGE
 from lbc.psi import Psi
 from lbc.security import server_credentials_of
 from lbc.service import (
@@ -37,15 +38,35 @@ EVICTED = Gauge("lbc_bandit_actors_evicted", "Actors forgotten since the start, 
 SNAPSHOTS = Counter("lbc_bandit_snapshots_total", "State snapshots written")
 
 
+def _check_actor_id(actor_id: str, context: grpc.ServicerContext) -> None:
+    if not actor_id or len(actor_id) > 128:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "actor_id must be 1 to 128 characters")
+
+
 class BanditServicer(lbc_pb2_grpc.BanditServiceServicer):
     def __init__(self, state: BanditState) -> None:
         self.state = state
         self.names = state.dimension_names
 
     def SelectBehavior(self, request: lbc_pb2.SelectRequest, context: grpc.ServicerContext) -> lbc_pb2.Behavior:
-        if not request.actor_id or len(request.actor_id) > 128:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "actor_id must be 1 to 128 characters")
-        episode_id, choice = self.state.select(request.actor_id)
+        _check_actor_id(request.actor_id, context)
+        return self._select(request.actor_id)
+
+    def ReportReturn(self, request: lbc_pb2.ReturnReport, context: grpc.ServicerContext) -> lbc_pb2.ReportReply:
+        return self._report(request.actor_id, request.episode_id, request.episode_return)
+
+    def Exchange(self, request: lbc_pb2.ExchangeRequest, context: grpc.ServicerContext) -> lbc_pb2.ExchangeReply:
+        _check_actor_id(request.actor_id, context)
+        if len(request.returns) > MAX_RETURNS_PER_EXCHANGE or request.behaviours > MAX_BEHAVIOURS_PER_EXCHANGE:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"at most {MAX_RETURNS_PER_EXCHANGE} returns and {MAX_BEHAVIOURS_PER_EXCHANGE} behaviours "
+                          f"per exchange, got {len(request.returns)} and {request.behaviours}")
+        reports = [self._report(request.actor_id, r.episode_id, r.episode_return) for r in request.returns]
+        behaviours = [self._select(request.actor_id) for _ in range(request.behaviours)]
+        return lbc_pb2.ExchangeReply(reports=reports, behaviours=behaviours)
+
+    def _select(self, actor_id: str) -> lbc_pb2.Behavior:
+        episode_id, choice = self.state.select(actor_id)
         for name, arm in zip(self.names, choice.arms, strict=True):
             SELECTIONS.labels(name, str(arm)).inc()
         for name, value in Psi(choice.tau, choice.omega).named(self.state.cfg.behaviour.family).items():
@@ -57,19 +78,19 @@ class BanditServicer(lbc_pb2_grpc.BanditServiceServicer):
         return lbc_pb2.Behavior(episode_id=episode_id, tau=choice.tau, omega=choice.omega, arms=choice.arms,
                                 mixture=choice.mixture)
 
-    def ReportReturn(self, request: lbc_pb2.ReturnReport, context: grpc.ServicerContext) -> lbc_pb2.ReportReply:
+    def _report(self, actor_id: str, episode_id: str, episode_return: float) -> lbc_pb2.ReportReply:
         bound = self.state.cfg.env.max_abs_return
-        if not abs(request.episode_return) <= bound:   # False for NaN too
+        if not abs(episode_return) <= bound:   # False for NaN too
             REPORT_REJECTED.inc()
             return lbc_pb2.ReportReply(accepted=False,
                                        reason=f"episode_return not finite or beyond env.max_abs_return={bound:g}")
         try:
-            self.state.report(request.actor_id, request.episode_id, request.episode_return)
+            self.state.report(actor_id, episode_id, episode_return)
         except UnknownEpisode:
             REPORT_REJECTED.inc()
-            return lbc_pb2.ReportReply(accepted=False, reason=f"unknown episode {request.episode_id!r}")
+            return lbc_pb2.ReportReply(accepted=False, reason=f"unknown episode {episode_id!r}")
         EPISODES.inc()
-        RETURNS.set(request.episode_return)
+        RETURNS.set(episode_return)
         return lbc_pb2.ReportReply(accepted=True)
 
     def GetStats(self, request: lbc_pb2.StatsRequest, context: grpc.ServicerContext) -> lbc_pb2.BanditStats:

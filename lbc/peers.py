@@ -40,6 +40,12 @@ class ParameterClient:
         self.channel.close()
 
 
+# An Exchange's bounds, checked by bandit_svc: no more returns than the episodes it keeps open per actor,
+# no more behaviours than an actor keeps chosen ahead
+MAX_RETURNS_PER_EXCHANGE = 1024
+MAX_BEHAVIOURS_PER_EXCHANGE = 256
+
+
 class BanditClient:
     def __init__(self, address: str, timeout_s: float, credentials: grpc.ChannelCredentials | None = None) -> None:
         self.channel = open_channel(address, credentials)
@@ -53,6 +59,12 @@ class BanditClient:
         return self.stub.ReportReturn(lbc_pb2.ReturnReport(actor_id=actor_id, episode_id=episode_id,
                                                            episode_return=episode_return),
                                       timeout=self.timeout_s)
+
+    def exchange(self, actor_id: str, returns: list[tuple[str, float]], behaviours: int) -> lbc_pb2.ExchangeReply:
+        """The returns of ended episodes (episode id, return), then `behaviours` new choices, in one call."""
+        reports = [lbc_pb2.ReturnReport(actor_id=actor_id, episode_id=e, episode_return=r) for e, r in returns]
+        return self.stub.Exchange(lbc_pb2.ExchangeRequest(actor_id=actor_id, returns=reports, behaviours=behaviours),
+                                  timeout=self.timeout_s)
 
     def stats(self, actor_id: str = "") -> lbc_pb2.BanditStats:
         return self.stub.GetStats(lbc_pb2.StatsRequest(actor_id=actor_id), timeout=self.timeout_s)

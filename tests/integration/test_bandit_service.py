@@ -37,6 +37,24 @@ def test_select_report_and_restart(tmp_path):
     stats = client.stats("actor-a")
     assert stats.actors[0].episodes == 11
     assert sum(stats.actors[0].dimensions[0].selections) == 12
+
+    # Exchange: returns answered in order, then the behaviours asked for, chosen after those returns
+    opened = [client.select("actor-b").episode_id for _ in range(3)]
+    reply = client.exchange("actor-b", [(opened[0], 1.0), ("actor-b/7/00", 1.0), (opened[1], math.inf),
+                                        (opened[2], 2.0)], 5)
+    assert [r.accepted for r in reply.reports] == [True, False, False, True]
+    assert "unknown episode" in reply.reports[1].reason and "max_abs_return" in reply.reports[2].reason
+    assert len(reply.behaviours) == 5 and all(b.episode_id.startswith("actor-b/") for b in reply.behaviours)
+    assert len({b.episode_id for b in reply.behaviours} | set(opened)) == 8
+    assert client.stats("actor-b").actors[0].episodes == 2
+    assert not client.exchange("actor-b", [], 0).reports
+    for returns, behaviours in (([], 257), ([(opened[0], 0.0)] * 1025, 0)):
+        with pytest.raises(grpc.RpcError) as err:
+            client.exchange("actor-b", returns, behaviours)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "per exchange" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        client.exchange("", [], 1)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     client.close()
     assert svc.stop() == 0, svc.log()
 
@@ -48,7 +66,7 @@ def test_select_report_and_restart(tmp_path):
     assert client.select("actor-a").episode_id.startswith("actor-a/12/")
     client.close()
     assert svc.stop() == 0, svc.log()
-    assert "restored 1 actor populations" in svc.log()
+    assert "restored 2 actor populations" in svc.log()   # actor-a and actor-b
 
 
 def test_agent57_meta_controller_chooses_j_and_keeps_its_window(tmp_path):
