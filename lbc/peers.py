@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from lbc.params import assemble, chunks
+from lbc.param_stream import assemble, chunks
 from lbcproto import lbc_pb2, lbc_pb2_grpc
 
 _OPTIONS = [("grpc.max_receive_message_length", 8 << 20), ("grpc.enable_retries", 1),

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import grpc
 from prometheus_client import Counter, Gauge
 
-from lbc.params import assemble, check_blob, chunks
+from lbc.param_stream import assemble, chunks
+from lbc.params import check_blob
 from lbcproto import lbc_pb2, lbc_pb2_grpc
 
 log = logging.getLogger("learner")
