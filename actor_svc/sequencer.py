@@ -49,7 +49,7 @@ class SequenceBuilder:
             self.observed[state] = buffer(field, steps + 1, layout[field][1])
         self.acted = {name: buffer(name, steps, layout[name][1][1:]) for name in STEP_FIELDS}
         self.extras = sorted(per_observation - set(CORE_OBSERVATION_FIELDS) - form)
-        # [N, L + S, ...]: obs[0]'s S frames, then each later observation's newest (lbc.sequences.stacked_frames)
+        # [N, L + S, ...]: obs[0]'s S frames, then each later observation's newest (lbc.frame_stacks.stacked_frames)
         self.frames = (buffer("frames", layout["frames"][1][0], layout["frames"][1][1:]) if "frames" in layout
                        else None)
         # the stack of the observation the next sequence starts with: its older frames may precede a fresh

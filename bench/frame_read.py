@@ -25,7 +25,7 @@ import lbc.nets
 from bench.throughput import acting_step, allocate_as_services, learner_step
 from lbc.config import PRESETS, load_config
 from lbc.devices import compute_precision
-from lbc.sequences import observations
+from lbc.frame_stacks import observations
 
 
 def _stacks_first(net: lbc.nets.LBCNet, b: Mapping[str, torch.Tensor]) -> torch.Tensor | lbc.nets.Frames:

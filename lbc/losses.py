@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from lbc.behaviour import epsilon_greedy
+from lbc.rewards import value_rescale
 
 
 @dataclass(frozen=True)
@@ -116,14 +117,9 @@ def retrace_targets(
     return reverse_affine_scan(a, b, last[0])
 
 
-def value_rescale(z: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
-    """h(z) = sign(z) (sqrt(|z| + 1) - 1) + eps z (Pohlen et al. 2018; NGU App. E, eps of Table 6)."""
-    return torch.sign(z) * (torch.sqrt(z.abs() + 1.0) - 1.0) + eps * z
-
-
 def value_rescale_inverse(z: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
     """h^-1(z) = sign(z) (((sqrt(1 + 4 eps (|z| + 1 + eps)) - 1) / (2 eps))^2 - 1), the exact inverse
-    (NGU's printed eq. 17 misses the square; DESIGN §5.3)."""
+    of h (lbc.rewards.value_rescale; NGU's printed eq. 17 misses the square; DESIGN §5.3)."""
     return torch.sign(z) * (((torch.sqrt(1.0 + 4.0 * eps * (z.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)) ** 2 - 1.0)
 
 

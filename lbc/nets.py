@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from lbc.family import family_traits
+from lbc.frame_stacks import observations, stack_keep
 from lbc.lstm_bptt import EPS as LN_EPS
 from lbc.lstm_bptt import GraphCache, forward_by_graphs, ln_lstm_steps_bptt
 from lbc.ngu_nets import NguAgent, NguAux
 from lbc.recycling import Link, dormant_scores, recycle, unit_activity
-from lbc.sequences import observations, stack_keep
 from lbc.torsos import resolve_torso, torso_problem
 
 

@@ -11,7 +11,9 @@ Where an observation stacks the last S frames (Atari: S = 4, EnvSpec.frame_stack
 observation's newest frame instead of its stack, a quarter of the bytes from actor to replay to learner:
 frames (L + S frames: obs[0]'s whole stack, then each later observation's newest frame) and stack_start (per
 observation: its stack starts afresh, the older frames zeros, as at a game's first observation). The learner
-rebuilds obs from them (stacked_frames).
+rebuilds obs from them (lbc.frame_stacks).
+
+Without torch: replay validates and batches sequences in a process that never imports it (decision 71).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import torch
 
 from lbc.codec import CodecError, Layout, check_layout
 from lbc.config import Config
@@ -132,66 +133,10 @@ def _check_values(arrays: Mapping[str, np.ndarray], cfg: Config) -> None:
 def value_bound(cfg: Config) -> float:
     """The largest |V_i| any policy can have: its shaped reward at env.max_abs_reward, every step, forever:
     max_i max |RS_i(+-max_abs_reward)| / (1 - gamma_i)."""
-    largest = torch.tensor([cfg.env.max_abs_reward, -cfg.env.max_abs_reward], dtype=torch.float64)
-    return max(float(REWARD_SHAPING[p.reward_shaping](largest).abs().max()) / (1.0 - p.gamma) for p in cfg.policies)
+    largest = np.array([cfg.env.max_abs_reward, -cfg.env.max_abs_reward], np.float64)
+    return max(float(np.abs(REWARD_SHAPING[p.reward_shaping](largest)).max()) / (1.0 - p.gamma) for p in cfg.policies)
 
 
 def stack(sequences: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Batch sequences along a new leading axis."""
     return {name: np.stack([s[name] for s in sequences]) for name in sequences[0]}
-
-
-def stacked_frames(frames: torch.Tensor, stack_start: torch.Tensor, time_major: bool = False) -> torch.Tensor:
-    """The observations a sequence's frames stand for: frames [B, T + S - 1, ...] (the first observation's S
-    frames, then each later one's newest), stack_start [B, T] -> obs [B, T, S, ...] ([T, B, S, ...] with
-    time_major), contiguous:
-
-        obs[b, t, k] = frames[b, t + k]   if t - (S - 1 - k) >= r(b, t),   else 0,
-
-    r(b, t) the last t' <= t with stack_start[b, t'] (-infinity where none): channel k holds the frame of step
-    t - (S - 1 - k), and a stack that started afresh at r holds zeros for the steps before r (ALE's vector
-    environment at a game's first observation). A stack flagged where its older frames only happen to be zeros
-    comes back the same."""
-    windows, mask = _windows_and_mask(frames, stack_start)
-    if time_major:
-        windows, mask = windows.transpose(0, 1), mask.transpose(0, 1)
-    # written in the result's own order: the frames' windows are a strided view, S innermost in memory
-    return torch.mul(windows, mask, out=torch.empty(windows.shape, dtype=frames.dtype, device=frames.device))
-
-
-def stack_keep(stack_start: torch.Tensor, stack: int) -> torch.Tensor:
-    """[B, T, S] bool: which channels of each observation hold a frame of its own stack (stacked_frames' condition
-    t - (S - 1 - k) >= r(b, t)); the others are the zeros before a stack that started afresh."""
-    steps = stack_start.shape[1]
-    t = torch.arange(steps, device=stack_start.device)
-    last_start = torch.where(stack_start, t, -stack).cummax(dim=1).values                # [B, T]; -S: none
-    frame_step = t[:, None] - (stack - 1) + torch.arange(stack, device=stack_start.device)  # [T, S]
-    return frame_step >= last_start[..., None]
-
-
-def _windows_and_mask(frames: torch.Tensor, stack_start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """stacked_frames' two factors: the frames' windows [B, T, S, ...] (a view) and the keep mask [B, T, S, 1...]
-    in the frames' dtype."""
-    stack = frames.shape[1] - stack_start.shape[1] + 1
-    keep = stack_keep(stack_start, stack)                                                 # [B, T, S]
-    windows = frames.unfold(1, stack, 1).movedim(-1, 2)                                   # [B, T, S, ...]
-    return windows, keep.view(*keep.shape, *([1] * (frames.dim() - 2))).to(frames.dtype)
-
-
-def observations(b: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """A time-major batch's observations [T, B, *obs_shape]: its obs, or rebuilt from its single frames
-    (frames [T + S - 1, B, ...], stack_start [T, B]) by stacked_frames."""
-    if "frames" not in b:
-        return b["obs"]
-    return stacked_frames(b["frames"].transpose(0, 1), b["stack_start"].transpose(0, 1), time_major=True)
-
-
-def observations_at(batch: Mapping[str, np.ndarray], rows: np.ndarray, steps: np.ndarray) -> np.ndarray:
-    """The observations of sequence rows[i] at step steps[i], [n, *obs_shape], on the host: from `obs`, or
-    those stacks alone rebuilt from single frames (the learner's probes of its torso take a few hundred)."""
-    if "frames" not in batch:
-        return batch["obs"][rows, steps]
-    windows, mask = _windows_and_mask(*(torch.from_numpy(np.ascontiguousarray(batch[name]))
-                                        for name in ("frames", "stack_start")))
-    at = torch.from_numpy(rows), torch.from_numpy(steps)
-    return (windows[at] * mask[at]).numpy()

@@ -18,8 +18,8 @@ from lbc.agents import LossOutput, Prepared, make_loss
 from lbc.config import Config, LearnerConfig
 from lbc.devices import compute_precision, pick_device, to_device, to_host, wait_for_gpu
 from lbc.envs import env_spec
+from lbc.frame_stacks import observations_at
 from lbc.nets import LayerNormLSTM, LBCNet, build_agent, policy_net
-from lbc.sequences import observations_at
 from learner_svc.replicas import ReplicaGroup
 from learner_svc.step_time import timed
 
@@ -53,7 +53,7 @@ def to_time_major(batch: dict[str, np.ndarray], device: torch.device = CPU) -> d
     """[B, T, ...] numpy arrays to [T, B, ...] tensors on `device` (replay's keys and versions on the host);
     h0/c0 stay [B, H]. A batch of single frames (lbc.sequences) stays one: frames [T + S - 1, B, ...] and
     stack_start [T, B], a quarter of the bytes; the networks read their stacks from them (LBCNet.sequence_input,
-    lbc.sequences.observations)."""
+    lbc.frame_stacks.observations)."""
     out: dict[str, torch.Tensor] = {}
     for name, arr in batch.items():
         t = to_device(arr, CPU if name in ON_HOST else device)

@@ -20,13 +20,13 @@ from lbc.agents.protocols import LossOutput, Prepared
 from lbc.behaviour import EpisodeBehaviour, epsilon_greedy
 from lbc.config import Config
 from lbc.devices import to_device, to_host
+from lbc.frame_stacks import observations
 from lbc.losses import ngu_q_loss, sequence_priorities
 from lbc.nets import Frames, LBCNet, NetOutput, unroll_after_burn_in
 from lbc.ngu import IntrinsicRewards, core_inputs, environment_epsilons, environment_mixtures, mixture_family
 from lbc.ngu_nets import NguAux
 from lbc.psi import psi_width
 from lbc.rewards import REWARD_SHAPING
-from lbc.sequences import observations
 from lbc.target_cache import make_target_cache, target_outputs
 
 

@@ -88,6 +88,17 @@ def test_every_configured_shaping_exists():
     assert REWARD_SHAPING["clip"](torch.tensor([5.0, -3.0])).tolist() == [1.0, -1.0]
 
 
+@pytest.mark.parametrize("name", sorted(REWARD_SHAPING))
+def test_each_shaping_answers_numpy_as_torch(name):
+    """One definition serves the learner's tensors and replay's numpy bound (lbc.sequences.value_bound):
+    the same values, in the argument's own kind and dtype."""
+    x = np.array([-1e4, -7.5, -1.0, -1e-3, 0.0, 1e-3, 0.5, 1.0, 3.0, 1e4])
+    for dtype, tdtype in ((np.float64, torch.float64), (np.float32, torch.float32)):
+        got, want = REWARD_SHAPING[name](x.astype(dtype)), REWARD_SHAPING[name](torch.tensor(x, dtype=tdtype))
+        assert isinstance(got, np.ndarray) and got.dtype == dtype and want.dtype == tdtype
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-6 if dtype == np.float32 else 1e-12)
+
+
 def _softmax(x):
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)

@@ -68,10 +68,13 @@ def test_config_show_prints_the_resolved_preset_with_overrides(capsys, monkeypat
         main(["config", "show", "--preset", "impal"])
 
 
-def test_the_launcher_and_the_bandit_validate_a_config_without_torch():
-    """Importing torch costs about two seconds of CPU per process; the launcher (before any service starts)
-    and the bandit service need none of it, so configuration checks live in torch-free modules."""
-    code = ("import sys; import lbc.launch, bandit_svc.__main__; from lbc.config import load_config; "
-            "load_config('dice', ['env.game=pong']); load_config('catch'); print('torch' in sys.modules)")
+def test_the_launcher_the_bandit_and_replay_run_without_torch():
+    """Importing torch costs about three seconds of CPU per process; the launcher (before any service starts),
+    the bandit and replay need none of it, so configuration checks and the sequences' checks (every preset's
+    bound on the values actors send among them) live in torch-free modules (docs/decisions.md 71)."""
+    code = ("import sys; import lbc.launch, bandit_svc.__main__, replay_svc.__main__; "
+            "from lbc.config import PRESETS, load_config; from lbc.sequences import value_bound; "
+            "load_config('dice', ['env.game=pong']); [value_bound(load_config(p)) for p in PRESETS]; "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr

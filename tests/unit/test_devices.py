@@ -285,9 +285,9 @@ def test_stacks_read_from_single_frames_give_the_loss_and_gradient_of_the_stacks
     lbc.nets.read_frame_sequences) instead of building the uint8 stacks and reading those: the first convolution
     sees the same values in the same layout, so the loss terms and the gradient are the stacked read's exactly,
     centred (cpu, its target network unrolled both times) or not (impala; NGU, whose auxiliary networks read the
-    stacks lbc.sequences.observations rebuilds), in float32 and in bfloat16."""
+    stacks lbc.frame_stacks.observations rebuilds), in float32 and in bfloat16."""
+    from lbc.frame_stacks import observations
     from lbc.nets import LBCNet
-    from lbc.sequences import observations
 
     small = {"net": {"torso": "small"}, "sequence": {"burn_in": 2, "length": 5}} if preset == "ngu" else {}
     cfg = load_config(preset, deep_merge(small, {"env": {"game": "breakout"}, "learner": {

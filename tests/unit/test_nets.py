@@ -311,8 +311,8 @@ def test_single_frames_read_straight_into_stacks_are_the_stacks_read(centre, dev
     (bfloat16 under bf16 autocast, else float32) and medians, exactly, in the same memory layout, on sequences
     whose stacks start afresh at the first observation, in the middle and at the last one (their older channels
     zeros, the previous game's frames not leaking in), for the CPU's path and the GPU's."""
+    from lbc.frame_stacks import stacked_frames
     from lbc.nets import frame_medians, read_frame_sequences, read_frames
-    from lbc.sequences import stacked_frames
     torch.manual_seed(0)
     steps, batch, stack = 9, 5, 4
     frames = torch.randint(0, 256, (batch, steps + stack - 1, 84, 84), dtype=torch.uint8)

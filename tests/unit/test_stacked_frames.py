@@ -7,9 +7,10 @@ import torch
 from actor_svc.sequencer import SequenceBuilder
 from lbc.config import load_config
 from lbc.envs import make_envs
+from lbc.frame_stacks import observations, observations_at, stacked_frames
 from lbc.nets import build_net
 from lbc.psi import psi_width
-from lbc.sequences import observations, observations_at, sequence_fields, sequence_layout, stack, stacked_frames
+from lbc.sequences import sequence_fields, sequence_layout, stack
 from learner_svc.training import to_time_major
 
 
