@@ -26,7 +26,7 @@ help:
 	@echo "             (ARGS: launcher flags, e.g. --resume, --overwrite, --port-base 41000, --duration 1800;"
 	@echo "              all of them: .venv/bin/python -m lbc.launch --help)"
 	@echo "make curve   a learning run for FRAMES=$(FRAMES) emulator frames, then its plot and table (lbc report)"
-	@echo "make test    lint and the test suite CI runs (about 17 minutes on two cores)"
+	@echo "make test    lint and the test suite CI runs (about 16 minutes on two cores)"
 	@echo "make test-fast  lint and the unit tests not marked slow (about a minute): the inner loop"
 	@echo "make test-extended  the preset learning runs that make test leaves out (decision 47; about eight minutes)"
 	@echo "make bench   throughput of the whole system and of each stage"

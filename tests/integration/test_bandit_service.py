@@ -1,6 +1,7 @@
 """bandit_svc as a real process: selection, returns, validation, and state surviving a restart."""
 
 import math
+import time
 
 import grpc
 import pytest
@@ -140,3 +141,49 @@ def test_an_actor_gets_behaviours_chosen_ahead_and_its_returns_reach_the_bandit_
         source.close()
         client.close()
     assert svc.stop() == 0, svc.log()
+
+
+def test_an_actor_refuses_exchange_answers_that_do_not_match_its_request(tmp_path):
+    """Against a bandit that answers wrongly (a real gRPC server in the test): more behaviours than asked or
+    a report count unlike the returns sent is ignored whole, an invalid psi is dropped alone, and the episode
+    runs on the default psi; the returns sent are not sent again."""
+    from concurrent import futures
+
+    from actor_svc.peers import BehaviourSource
+    from lbc.config import load_config
+    from lbcproto import lbc_pb2, lbc_pb2_grpc
+
+    good = dict(tau=[1.0, 2.0, 3.0], omega=[0.2, 0.3, 0.5], arms=[0] * 6)
+    answers = [
+        lbc_pb2.ExchangeReply(behaviours=[lbc_pb2.Behavior(episode_id="e1", **good)] * 2),   # 2 for 1 asked
+        lbc_pb2.ExchangeReply(behaviours=[lbc_pb2.Behavior(episode_id="e2", tau=[1.0, 2.0, 3.0],
+                                                           omega=[0.5, 0.5, 0.5], arms=[0] * 6)]),
+        lbc_pb2.ExchangeReply(behaviours=[lbc_pb2.Behavior(episode_id="e3", **good)]),
+        lbc_pb2.ExchangeReply(),   # no report for the return sent
+    ]
+    requests = []
+
+    class Rogue(lbc_pb2_grpc.BanditServiceServicer):
+        def Exchange(self, request, context):
+            requests.append(request)
+            return answers.pop(0)
+
+    overrides = endpoint_overrides(tmp_path / "run")
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    lbc_pb2_grpc.add_BanditServiceServicer_to_server(Rogue(), server)
+    server.add_insecure_port(overrides_dict(overrides)["endpoints.bandit"])
+    server.start()
+    source = BehaviourSource(load_config("cpu", overrides), "actor-a")   # ahead=0: the loop asks itself
+    try:
+        assert source.next().episode_id == ""     # two behaviours for one: ignored, the default psi
+        assert source.next().episode_id == ""     # omega sums to 1.5: dropped
+        chosen = source.next()
+        assert chosen.episode_id == "e3" and chosen.psi.first == (1.0, 2.0, 3.0)
+        source.report("e3", 1.0)
+        wait_for(lambda: len(requests) == 4, 10, "the return sent")
+        assert [(r.episode_id, r.episode_return) for r in requests[3].returns] == [("e3", 1.0)]
+        time.sleep(1.0)   # the worker's next wake: the return answered wrongly is not sent again
+        assert len(requests) == 4 and not source.returns
+    finally:
+        source.close()
+        server.stop(None)
