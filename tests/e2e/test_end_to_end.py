@@ -129,11 +129,13 @@ def test_short_pong_run(tmp_path):
 # `extended` (make test-extended, not CI: decision 47): presets whose code CI's runs already take end to end,
 # differing only in the bandit not learning (dice-random, lbc-random: dice, catch), in a fixed temperature
 # in its place (dice-fixed: dice's losses, impala's fixed-temperature acting) or in repeating one policy
-# model (lbc-reduce-h: catch's three; gdi-i3: gdi-h3's two components on one head).
+# model (lbc-reduce-h: catch's three; gdi-i3: gdi-h3's two components on one head), or in one policy with
+# psi = tau (lbc-reduce-h-psi: catch's population bandit and networks with one policy instead of three;
+# tests/unit/test_agents.py builds its acting and loss).
 @pytest.mark.parametrize("preset, target", [
     ("impala", 0.9), ("impala-cpu", 0.9), ("dice", 0.9), pytest.param("dice-fixed", 0.5, marks=EXTENDED),
     pytest.param("dice-random", 0.9, marks=EXTENDED), pytest.param("gdi-i3", 0.9, marks=EXTENDED), ("gdi-h3", 0.9),
-    pytest.param("lbc-reduce-h", 0.9, marks=EXTENDED), ("lbc-reduce-h-psi", 0.9),
+    pytest.param("lbc-reduce-h", 0.9, marks=EXTENDED), pytest.param("lbc-reduce-h-psi", 0.9, marks=EXTENDED),
     pytest.param("lbc-random", 0.9, marks=EXTENDED)])
 def test_preset_learns_catch(tmp_path, preset, target):
     """Other systems of the papers, on the same harness: Catch to near-optimal (random play scores about
@@ -166,7 +168,7 @@ SMOKE_GAMES = {"minatar": "breakout"}   # MinAtar's; the others play Atari Pong
 # extended (make test-extended, decision 47): presets whose Atari smoke repeats code another CI smoke takes on
 # Atari, their own parts running end to end in CI on Catch or in a smoke: dice-fixed (dice's losses, impala's
 # fixed-temperature acting), gdi-i3 (gdi-h3's mixture on one head), lbc-reduce-h-psi (cpu's nets with one
-# policy, psi = tau; its Catch run is in CI), ngu (agent57's networks and losses, whose smoke is in CI; its
+# policy, psi = tau), ngu (agent57's networks and losses, whose smoke is in CI; its
 # own j per environment is what an agent57 actor plays while the bandit is away, in
 # tests/integration/test_actor_resilience.py)
 SMOKE_EXTENDED = {"dice-fixed", "gdi-i3", "lbc-reduce-h-psi", "ngu"}
