@@ -159,10 +159,10 @@ class BehaviourSource:
             self.wake.clear()
             while self._available():
                 returns = list(itertools.islice(self.returns, MAX_RETURNS_PER_EXCHANGE))
-                wanted = 0 if self.closing.is_set() else self.ahead - len(self.stock)
-                if not returns and wanted <= 0:
+                wanted = 0 if self.closing.is_set() else max(self.ahead - len(self.stock), 0)
+                if not returns and not wanted:
                     break
-                chosen = self._exchange(returns, max(wanted, 0))
+                chosen = self._exchange(returns, wanted)
                 if chosen is None:
                     break   # the returns are kept for the bandit's return
                 for _ in returns:

@@ -17,9 +17,11 @@ from lbc.bandit import Choice
 from lbc.config import Config
 from lbc.controllers import Controller, dimension_names, dimensions, make_controller
 from lbc.files import remove_stale_temporaries, write_atomically
+from lbc.peers import MAX_RETURNS_PER_EXCHANGE
 
 SNAPSHOT_FORMAT = 3   # 2: BVA controllers hold one ensemble per dimension; 3: the layout names NGU's N
-MAX_PENDING_PER_ACTOR = 1024   # an actor has one episode in flight per environment
+# an actor has one episode in flight per environment; an Exchange carries no more returns than these
+MAX_PENDING_PER_ACTOR = MAX_RETURNS_PER_EXCHANGE
 
 
 class UnknownEpisode(KeyError):

@@ -40,8 +40,8 @@ class ParameterClient:
         self.channel.close()
 
 
-# An Exchange's bounds, checked by bandit_svc: no more returns than the episodes it keeps open per actor,
-# no more behaviours than an actor keeps chosen ahead
+# An Exchange's bounds, checked by bandit_svc: no more returns than the episodes it keeps open per actor
+# (bandit_svc.state.MAX_PENDING_PER_ACTOR), no more behaviours than an actor keeps chosen ahead
 MAX_RETURNS_PER_EXCHANGE = 1024
 MAX_BEHAVIOURS_PER_EXCHANGE = 256
 
