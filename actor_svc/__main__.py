@@ -18,7 +18,7 @@ from actor_svc import evaluator, inference_server
 from actor_svc.peers import BehaviourSource, ParamPuller, SequenceSender
 from actor_svc.remote import RemoteNetwork, Stopped
 from actor_svc.sequencer import SequenceBuilder
-from lbc.acting import CoreInputs, acting_agent, cut_episode_values, forward, precision_of
+from lbc.acting import CoreInputs, acting_agent, acting_graphs, cut_episode_values, forward, precision_of
 from lbc.agents import make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import Config
@@ -98,13 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     spec = envs.spec
     remote = cfg.actor.inference == "remote"
     # with remote inference the actor's own network only shapes its state; its parameters are never pulled
-    agent = acting_agent(cfg, spec.obs_shape, spec.num_actions,
-                         torch.device("cpu") if remote else pick_device(cfg.actor.device, "actor.device"))
+    device = torch.device("cpu") if remote else pick_device(cfg.actor.device, "actor.device")
+    graphs = acting_graphs(cfg, device)   # refuses before anything starts where no GPU was found
+    agent = acting_agent(cfg, spec.obs_shape, spec.num_actions, device)
     net = policy_net(agent)
     acting = make_acting(cfg, agent, num_envs, args.index)
     puller = None if remote else ParamPuller(cfg, actor_id, agent)
     network = RemoteNetwork(cfg, actor_id, spec, net.num_policies, net.lstm_size, stop) if remote else None
-    step = network.forward if network is not None else partial(forward, net)
+    step = network.forward if network is not None else partial(forward, net, graphs=graphs)
     behaviours = BehaviourSource(cfg, actor_id, ahead=num_envs)
     sender = SequenceSender(cfg, actor_id, stop)
     builder = SequenceBuilder(num_envs, cfg.sequence.burn_in, sequence_layout(cfg))

@@ -1,38 +1,37 @@
 #!/usr/bin/env bash
 # What a lent GPU machine is for (issue 11, docs/speed.md), in two parts of under 10 minutes each, figures printed.
-# Session 34's H100 found the paper's preset learner-bound at 42,147-44,964 frames/s with 12-16 actors: replay
-# held the actors back 65-90% of the time, the learner made 4.3 steps/s in the system against 6.2-6.8 alone,
-# the GPU was half idle and the learner's process used 0.6 of a core. Session 38's H100 ran checks 1-2b, 4, 7
-# and 9 with 15 s windows: the learner made 1.19-4.38 steps/s (50,000 frames/s needs 4.88), the preset twice
-# 3.45 and 2.46, and the preset's window counted 1.36x the frames its learner's steps kept up with (docs/speed.md).
-# So each run now has a 40 s window after 40 s of warm-up (about 105 s a run; bench.throughput
-# --end-to-end-only), at 16 actors, each printing the frames/s the learner's steps keep up with, the learner's
-# step in the system by part (lbc_learner_step_seconds_total: device_wait is its wait for the GPU) and an
-# actor's loop by part (its inference includes its wait for the GPU):
-#   1-3. the preset; central inference (actor.inference=remote: one inference service batches all 16 actors'
-#        games on the GPU in one CUDA context, the actors keep to their games on the CPU; docs/decisions.md 68;
-#        2b: twice the actors of half the games each, whose games step while others wait for their answers);
-#        the learner's and the actors' threads spinning while they wait for the GPU (learner.gpu_wait,
-#        actor.gpu_wait; gave 4.67 learner steps/s against 4.26-4.27 in session 34);
-#   4-6. under NVIDIA's MPS, which lets the processes' kernels share the GPU instead of time-slicing, where
-#        the machine has nvidia-cuda-mps-control: the preset (4.38 learner steps/s in session 38's one run);
-#        both spinning; two learner replicas of 32 sequences each sharing the GPU (learner.group_backend=gloo;
-#        the group's step is still 64 sequences), whose kernels can fill the half of the GPU one learner leaves
-#        idle (session 38: its learner had not answered by the end of a 30 s warm-up);
-#   7. half the contexts: 8 actors of 64 games, each stepping its games on two ALE threads (session 38: 4.32
-#      and 2.59 learner steps/s);
-#   8. the preset again, with py-spy after the window: where each service's threads wait;
-#   9. the tests that need a GPU (22 passed on session 38's H100, central inference's pass among them).
-# Two parts of 7-8 minutes, each one device call of 10 minutes at most: part 1 runs 1, 4, 7 and 6, part 2
-# runs 1 again (the machine's drift), 5, 2 and 9. Run from the repository root: bash bench/gpu_checks.sh
-# [1|2|all], or a chosen few in order: bash bench/gpu_checks.sh runs 1 4 6 9 (default all; PY names the
-# interpreter, default python3).
+# Goal: lbc-bm at 50,000 frames/s on one 16-core H100 machine. Session 40's H100, 40 s windows after 40 s of
+# warm-up at 16 actors of 32 games (docs/speed.md): without MPS the learner bounds it on the GPU (43,853 and
+# 43,882 frames/s, 4.17-4.24 learner steps/s: it launches for 115 ms a step and waits 117 ms for its kernels
+# while 17 CUDA contexts time-slice the GPU; renicing the actors changed nothing); under MPS the learner's step
+# comes back to its 167 ms alone and the actors bound it (45,320: the learner waited for data, an actor's inference
+# 15.4 ms against 6.5, its loop 45 ms, 41 needed); 20 actors ran out of cores (41,634). So each check here
+# shortens the actors' loop without more processes, under MPS and without:
+#   m2. under MPS, each actor's 32 games stepped on two ALE threads (env.num_threads=2);
+#   mg. m2 with the acting network's pass replayed as one CUDA graph (actor.cuda_graphs: one launch where eager
+#       launches about 100 operations, each queued behind the learner's kernels);
+#   mgl. mg with the learner's recurrence as CUDA graphs too (learner.cuda_graphs: 1.19x alone, session 27);
+#   g, gl. the same graphs without MPS, where the learner bounds (1 is the preset);
+#   t. the GPU tests of the graphs alone (actor.cuda_graphs' has never run on a GPU: first, so a failure costs
+#      seconds, not a run); 9. every test that needs a GPU.
+# Each run prints the frames/s the learner's steps keep up with, the learner's step in the system by part
+# (lbc_learner_step_seconds_total: device_wait is its wait for the GPU) and an actor's loop by part (its inference
+# includes its wait for the GPU), and writes its record to $OUT/<order>-<check>.json where OUT names a folder.
+# Earlier checks, kept to reproduce session 38's and 40's rows: 1 preset; 2, 2b central inference
+# (actor.inference=remote, decision 68); 3 learner and actors spinning while they wait for the GPU; 4 preset under
+# MPS; 5 spinning under MPS; 6 two learner replicas of 32 sequences sharing the GPU under MPS; 7 8 actors of 64
+# games on two ALE threads; 8 the preset with py-spy after the window; n, 4n the actors reniced to 10 (without and
+# under MPS); m20 20 actors under MPS; 7m check 7 under MPS.
+# Part 1 runs t 4 m2 mg mgl (about 8 minutes), part 2 runs 1 g gl 9. Run from the repository root:
+# bash bench/gpu_checks.sh [1|2|all], or a chosen few in order: bash bench/gpu_checks.sh runs 1 4 mg 9 (default
+# all; PY names the interpreter, default python3).
 set -uo pipefail
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
 # one place for compiled kernels (without it, each service keeps its own under its run folder)
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/lbc-compile-cache}
 SPIN=(--set learner.gpu_wait=spin --set actor.gpu_wait=spin)
+TWO=(--set env.num_threads=2)
 
 RUN=0
 system() {   # system LABEL [bench.throughput arguments...]: one end-to-end run at 16 actors unless told; its
@@ -50,6 +49,18 @@ system() {   # system LABEL [bench.throughput arguments...]: one end-to-end run 
         --end-to-end-only --warmup 40 --seconds 40 "${out[@]}" "$@"
     [ -n "${OUT:-}" ] && cp "/tmp/gpu_checks/$n/bench.json" "$OUT/$n.json" 2>/dev/null
     return 0
+}
+
+renice_actors() {   # renice_actors DELAY NICE: after DELAY seconds, every thread of every actor to NICE, and each actor's
+    # scheduler autogroup too where the kernel has them (each service runs in its own session, so in its own
+    # autogroup, and CFS shares the cores between autogroups before threads: a thread's nice alone would count
+    # only within its actor). Tests whether the learner and replay lose their cores to 16 actors' games.
+    (sleep "$1"
+     for pid in $(pgrep -f -- '--actor-id actor-'); do
+         for t in /proc/"$pid"/task/*; do renice -n "$2" -p "${t##*/}" >/dev/null 2>&1; done
+         echo "$2" > /proc/"$pid"/autogroup 2>/dev/null
+     done
+     echo "   reniced $(pgrep -fc -- '--actor-id actor-') actors to $2") &
 }
 
 mps_on() {   # start NVIDIA's MPS daemon once; false where the machine has none
@@ -83,23 +94,41 @@ check() {   # check NUMBER: one of the numbered checks above
                 --set learner.replicas=2 --set learner.batch_size=32 --set learner.group_backend=gloo ;;
         7) mps_off; system "7. 8 actors of 64 games on two ALE threads each" --actors 8 --set env.num_envs=64 \
                 --set env.num_threads=2 ;;
+        n) mps_off; renice_actors 20 10; system "n. preset, actors at nice 10" ;;
+        4n) mps_on && renice_actors 20 10 && system "4n. preset under MPS, actors at nice 10" ;;
+        m20) mps_on && system "m20. 20 actors under MPS" --actors 20 ;;
+        7m) mps_on && system "7m. 8 actors of 64 games on two ALE threads each, under MPS" --actors 8 \
+                --set env.num_envs=64 --set env.num_threads=2 ;;
+        m2) mps_on && system "m2. under MPS, each actor's games on two ALE threads" "${TWO[@]}" ;;
+        mg) mps_on && system "mg. m2 and the actors' pass as a CUDA graph" "${TWO[@]}" --set actor.cuda_graphs=true ;;
+        mgl) mps_on && system "mgl. mg and the learner's recurrence as CUDA graphs" "${TWO[@]}" \
+                 --set actor.cuda_graphs=true --set learner.cuda_graphs=true ;;
+        g) mps_off; system "g. the actors' pass as a CUDA graph" --set actor.cuda_graphs=true ;;
+        gl) mps_off; system "gl. g and the learner's recurrence as CUDA graphs" --set actor.cuda_graphs=true \
+                --set learner.cuda_graphs=true ;;
+        t) mps_off
+           echo "== t. GPU tests of the CUDA graphs"
+           timeout 120 "$PY" -m pytest -q -p no:cacheprovider -k "graphs" tests/unit/test_acting.py \
+               tests/unit/test_training.py ;;
         8) mps_off; system "8. preset again, with py-spy after the window" --profile ;;
         9) mps_off
            echo "== 9. GPU tests"
            timeout 160 "$PY" -m pytest -q -p no:cacheprovider -k "cuda or gpu or pinned or compiled or graphs" \
                tests/unit/test_devices.py tests/unit/test_stacked_frames.py tests/unit/test_prepare_ahead.py \
                tests/unit/test_lstm_bptt.py tests/unit/test_training.py tests/unit/test_nets.py \
-               tests/unit/test_replicas.py tests/unit/test_remote_inference.py ;;
+               tests/unit/test_replicas.py tests/unit/test_remote_inference.py tests/unit/test_acting.py ;;
         *) echo "no check $1" >&2; return 2 ;;
     esac
 }
 
 case "${1:-all}" in
-    1) set -- 1 4 7 6 ;;
-    2) set -- 1 5 2 9 ;;
-    all) set -- 1 4 7 6 1 5 2 9 2b 3 8 ;;
+    1) set -- t 4 m2 mg mgl ;;
+    2) set -- 1 g gl 9 ;;
+    all) set -- t 4 m2 mg mgl 1 g gl 9 ;;
     runs) shift ;;
     *) echo "usage: bash bench/gpu_checks.sh [1|2|all|runs NUMBER...]" >&2; exit 2 ;;
 esac
+echo "autogroups: $(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null); cpu cgroup: $(grep -m1 cpu /proc/self/cgroup)"
+nproc; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for n in "$@"; do check "$n"; done
 mps_off

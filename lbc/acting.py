@@ -22,6 +22,7 @@ from lbc.config import Config
 from lbc.devices import compute_precision, to_device, to_host
 from lbc.envs import StepResult
 from lbc.family import family_traits
+from lbc.lstm_bptt import GraphCache
 from lbc.nets import LBCNet, NetOutput, build_agent, policy_net
 
 
@@ -70,36 +71,59 @@ def acting_agent(cfg: Config, obs_shape: tuple[int, ...], num_actions: int,
     return agent
 
 
+def acting_graphs(cfg: Config, device: torch.device) -> GraphCache | None:
+    """The CUDA graphs an actor's forward replays (actor.cuda_graphs), None where it runs eagerly; refuses where
+    actor.device=auto found no GPU (the configuration already refuses actor.device=cpu)."""
+    if not cfg.actor.cuda_graphs:
+        return None
+    if device.type != "cuda":
+        raise SystemExit("actor.cuda_graphs needs a GPU actor, and actor.device=auto found no GPU")
+    return GraphCache()
+
+
 def precision_of(net: LBCNet) -> Literal["fp32", "bf16"]:
     """The precision set_precision left the acting network in."""
     return "bf16" if net.heads.weight.dtype == torch.bfloat16 else "fp32"
 
 
+def _network_pass(net: LBCNet, obs: torch.Tensor, prev_action: torch.Tensor, prev_reward: torch.Tensor,
+                  reset: torch.Tensor, h: torch.Tensor, c: torch.Tensor, extra: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(adv, value, h, c) of one step on the network's device, adv and value float32: what forward runs, eagerly
+    or as a CUDA graph. A network in bf16 (set_precision) runs under bf16 autocast."""
+    bf16 = precision_of(net) == "bf16"
+    with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+        out = net(obs[None], prev_action[None], prev_reward[None], reset[None], (h, c), extra)
+    return out.adv.float(), out.value.float(), *out.state
+
+
 @torch.no_grad()
 def forward(net: LBCNet, obs: np.ndarray, inputs: CoreInputs, extra: torch.Tensor | None = None,
-            state_to_host: bool = False) -> NetOutput:
+            state_to_host: bool = False, graphs: GraphCache | None = None) -> NetOutput:
     """One time step of the network for every environment: obs [E, *obs_shape] uint8. The outputs keep
     a leading time axis of 1 (adv [1, E, N, A]); adv and value come back to the CPU, where actions are
     drawn, by one copy after one wait (lbc.devices.to_host), while the recurrent state stays on the network's
     device (actor.device) unless `state_to_host` (the inference service sends it on), when it comes back in the
     same copy. A network in bf16 (set_precision) runs under bf16 autocast; its adv and value come back as
-    float32."""
+    float32. With `graphs` on a GPU the pass replays a CUDA graph captured at its first call (actor.cuda_graphs):
+    one launch for its hundred-odd operations, the same kernels on the same weights (a pull copies into them)."""
     device = net.heads.weight.device
-    bf16 = precision_of(net) == "bf16"
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
-        out = net(to_device(obs, device)[None], to_device(inputs.prev_action, device)[None],
-                  to_device(inputs.prev_reward, device)[None], to_device(inputs.reset, device)[None], inputs.state,
-                  None if extra is None else extra.to(device))
-    if bf16:
-        out = NetOutput(adv=out.adv.float(), value=out.value.float(), state=out.state)
+    tensors = (to_device(obs, device), to_device(inputs.prev_action, device), to_device(inputs.prev_reward, device),
+               to_device(inputs.reset, device), *inputs.state, *(() if extra is None else (extra.to(device),)))
+
+    def network_pass(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return _network_pass(net, *tensors)
+
+    graphed = graphs is not None and device.type == "cuda"
+    adv, value, h, c = graphs.run(network_pass, tensors) if graphed else network_pass(*tensors)
     if device.type == "cpu":
-        return out
+        return NetOutput(adv=adv, value=value, state=(h, c))
     if state_to_host:
-        adv, value, h, c = to_host(out.adv, out.value, *out.state)
+        adv, value, h, c = to_host(adv, value, h, c)
         return NetOutput(adv=torch.from_numpy(adv), value=torch.from_numpy(value),
                          state=(torch.from_numpy(h), torch.from_numpy(c)))
-    adv, value = to_host(out.adv, out.value)
-    return NetOutput(adv=torch.from_numpy(adv), value=torch.from_numpy(value), state=out.state)
+    adv, value = to_host(adv, value)
+    return NetOutput(adv=torch.from_numpy(adv), value=torch.from_numpy(value), state=(h, c))
 
 
 # One acting step of the network for every environment: forward(net, ...) bound to a network, or the inference

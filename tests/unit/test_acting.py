@@ -122,3 +122,63 @@ def test_an_episode_cut_by_the_cap_brings_its_last_observation_and_its_value(pre
     assert cut_episode_values(step, partly, actions, out.state)[1].tolist() == [0.0] * cfg.num_policies
     uncut = type(result)(result.obs, result.reward, result.done, np.zeros(2, bool), result.life_lost, None)
     assert cut_episode_values(step, uncut, actions, out.state) is None
+
+
+def test_acting_graphs_are_refused_without_a_gpu_and_unused_on_a_cpu_network():
+    """actor.cuda_graphs: an actor whose actor.device=auto found no GPU stops with the reason; a CPU network
+    handed graphs runs eagerly (nothing captured) and gives what it gives without them."""
+    from lbc.acting import acting_graphs, forward
+    from lbc.lstm_bptt import GraphCache
+
+    assert acting_graphs(load_config("lbc-bm"), torch.device("cpu")) is None
+    with pytest.raises(SystemExit, match="actor.cuda_graphs needs a GPU actor"):
+        acting_graphs(load_config("lbc-bm", ["actor.device=auto", "actor.cuda_graphs=true"]), torch.device("cpu"))
+    net = LBCNet("mlp", (1, 4, 3), 3, 2, hidden=8, lstm=8).eval()
+    obs = np.random.default_rng(0).integers(0, 255, (3, 1, 4, 3), dtype=np.uint8)
+    graphs = GraphCache()
+    plain, graphed = forward(net, obs, CoreInputs.start(net, 3)), forward(net, obs, CoreInputs.start(net, 3),
+                                                                           graphs=graphs)
+    assert not graphs.graphs
+    torch.testing.assert_close(graphed.adv, plain.adv, rtol=0, atol=0)
+    torch.testing.assert_close(graphed.state, plain.state, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a visible GPU")
+@pytest.mark.parametrize("preset, precision", [("lbc-bm", "fp32"), ("lbc-bm", "bf16"), ("agent57", "fp32")])
+def test_an_actor_replaying_its_pass_as_cuda_graphs_acts_as_the_eager_one(preset, precision):
+    """actor.cuda_graphs: over steps with episodes restarting, a parameter pull in place (load_state_dict, as
+    lbc.params.load_blob) and NGU's extra inputs, the graph's outputs are the eager pass's, the pulled weights
+    are the ones it reads, and a step's returned state is not overwritten by the next replay."""
+    from lbc.acting import acting_agent, acting_graphs, forward
+    from lbc.nets import policy_net
+
+    cfg = load_config(preset, ["actor.device=cuda", "actor.cuda_graphs=true", f"actor.precision={precision}"])
+    device, envs, shape = torch.device("cuda"), 8, (4, 84, 84)
+    torch.manual_seed(0)
+    agent = acting_agent(cfg, shape, 4, device)
+    net = policy_net(agent)
+    graphs = acting_graphs(cfg, device)
+    rng = np.random.default_rng(1)
+    eager, graphed = CoreInputs.start(net, envs), CoreInputs.start(net, envs)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if precision == "fp32" else {"rtol": 2e-2, "atol": 2e-2}
+    for t in range(6):
+        obs = rng.integers(0, 255, (envs, *shape), dtype=np.uint8)
+        extra = torch.from_numpy(rng.random((1, envs, net.extra_inputs), np.float32)) if net.extra_inputs else None
+        if t == 3:   # a pull: new values copied into the same tensors the graph reads
+            before_pull = forward(net, obs, eager, extra).adv
+            agent.load_state_dict({k: v * 1.5 + 0.01 for k, v in agent.state_dict().items()})
+        out_e = forward(net, obs, eager, extra)
+        out_g = forward(net, obs, graphed, extra, graphs=graphs)
+        kept = out_g.state[0].clone()
+        torch.testing.assert_close(out_g.adv, out_e.adv, **tol)
+        torch.testing.assert_close(out_g.value, out_e.value, **tol)
+        torch.testing.assert_close(out_g.state, out_e.state, **tol)
+        actions = rng.integers(0, 4, envs)
+        boundary = rng.random(envs) < 0.3
+        eager.advance(actions, np.ones(envs, np.float32), boundary, out_e.state)
+        graphed.advance(actions, np.ones(envs, np.float32), boundary, out_g.state)
+        if t == 3:
+            assert not torch.allclose(out_e.adv, before_pull, **tol)   # the pull changed what the network says
+    forward(net, obs, graphed, extra, graphs=graphs)
+    torch.testing.assert_close(out_g.state[0], kept, rtol=0, atol=0)
+    assert len(graphs.graphs) == 1
