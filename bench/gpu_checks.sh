@@ -10,6 +10,9 @@
 #   m2. under MPS, each actor's 32 games stepped on two ALE threads (env.num_threads=2);
 #   mg. m2 with the acting network's pass replayed as one CUDA graph (actor.cuda_graphs: one launch where eager
 #       launches about 100 operations, each queued behind the learner's kernels);
+#   ms. mg with the learner's kernels kept to 75% of the GPU's threads (learner.mps_share=75: the actors' small
+#       kernels no longer wait for SMs behind the learner's, which fill them all; the learner's step had 38 ms to
+#       spare under MPS: 167 ms, 205 needed);
 #   mgl. mg with the learner's recurrence as CUDA graphs too (learner.cuda_graphs: 1.19x alone, session 27);
 #   g, gl. the same graphs without MPS, where the learner bounds (1 is the preset);
 #   t. the GPU tests of the graphs alone (actor.cuda_graphs' has never run on a GPU: first, so a failure costs
@@ -21,8 +24,9 @@
 # (actor.inference=remote, decision 68); 3 learner and actors spinning while they wait for the GPU; 4 preset under
 # MPS; 5 spinning under MPS; 6 two learner replicas of 32 sequences sharing the GPU under MPS; 7 8 actors of 64
 # games on two ALE threads; 8 the preset with py-spy after the window; n, 4n the actors reniced to 10 (without and
-# under MPS); m20 20 actors under MPS; 7m check 7 under MPS.
-# Part 1 runs t 4 m2 mg mgl (about 8 minutes), part 2 runs 1 g gl 9. Run from the repository root:
+# under MPS); m20 20 actors under MPS; 7m check 7 under MPS. Not yet run: 2m, central inference under MPS (two
+# CUDA contexts, the learner's and the inference service's, their kernels overlapping).
+# Part 1 runs t 4 m2 mg ms (about 8 minutes), part 2 runs mgl 1 g 9. Run from the repository root:
 # bash bench/gpu_checks.sh [1|2|all], or a chosen few in order: bash bench/gpu_checks.sh runs 1 4 mg 9 (default
 # all; PY names the interpreter, default python3).
 set -uo pipefail
@@ -101,11 +105,14 @@ check() {   # check NUMBER: one of the numbered checks above
                 --set env.num_envs=64 --set env.num_threads=2 ;;
         m2) mps_on && system "m2. under MPS, each actor's games on two ALE threads" "${TWO[@]}" ;;
         mg) mps_on && system "mg. m2 and the actors' pass as a CUDA graph" "${TWO[@]}" --set actor.cuda_graphs=true ;;
+        ms) mps_on && system "ms. mg and the learner kept to 75% of the GPU's threads" "${TWO[@]}" \
+                --set actor.cuda_graphs=true --set learner.mps_share=75 ;;
         mgl) mps_on && system "mgl. mg and the learner's recurrence as CUDA graphs" "${TWO[@]}" \
                  --set actor.cuda_graphs=true --set learner.cuda_graphs=true ;;
         g) mps_off; system "g. the actors' pass as a CUDA graph" --set actor.cuda_graphs=true ;;
         gl) mps_off; system "gl. g and the learner's recurrence as CUDA graphs" --set actor.cuda_graphs=true \
                 --set learner.cuda_graphs=true ;;
+        2m) mps_on && system "2m. central inference under MPS" --set actor.inference=remote ;;
         t) mps_off
            echo "== t. GPU tests of the CUDA graphs"
            timeout 120 "$PY" -m pytest -q -p no:cacheprovider -k "graphs" tests/unit/test_acting.py \
@@ -122,9 +129,9 @@ check() {   # check NUMBER: one of the numbered checks above
 }
 
 case "${1:-all}" in
-    1) set -- t 4 m2 mg mgl ;;
-    2) set -- 1 g gl 9 ;;
-    all) set -- t 4 m2 mg mgl 1 g gl 9 ;;
+    1) set -- t 4 m2 mg ms ;;
+    2) set -- mgl 1 g 9 ;;
+    all) set -- t 4 m2 mg ms mgl 1 g 9 gl ;;
     runs) shift ;;
     *) echo "usage: bash bench/gpu_checks.sh [1|2|all|runs NUMBER...]" >&2; exit 2 ;;
 esac

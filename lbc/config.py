@@ -246,6 +246,9 @@ class LearnerConfig(_Section):
     cuda_graphs: bool = Field(False, description="a GPU learner replays the recurrent core's unroll (LayerNormLSTM, "
                               "forward and backward) as CUDA graphs captured in its first steps: two launches "
                               "where eager launches about 22 a step (lbc.lstm_bptt; the same arithmetic)")
+    mps_share: int = Field(100, ge=1, le=100, description="under NVIDIA's MPS, the percent of the GPU's threads "
+                           "the learner's kernels may occupy (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), the rest left "
+                           "to the actors' inference; without MPS CUDA ignores it (lbc.devices.limit_mps_share)")
     gpu_wait: GpuWait = Field("sleep", description="how a GPU learner's threads wait for its results: sleep "
                               "(the core is free meanwhile) or spin (CUDA's busy wait); lbc.devices.wait_for_gpu")
     seed: int = 0

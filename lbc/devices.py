@@ -4,6 +4,7 @@ compute in."""
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import Literal
 
 import numpy as np
@@ -38,6 +39,22 @@ def wait_for_gpu(stream: torch.cuda.Stream) -> None:
     done = torch.cuda.Event(blocking=True)
     done.record(stream)
     done.synchronize()
+
+
+MPS_SHARE_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+
+def limit_mps_share(percent: int, environ: MutableMapping[str, str]) -> bool:
+    """Under NVIDIA's MPS, let this process's kernels occupy at most `percent` of the GPU's threads (learner.
+    mps_share): the rest stay free for the other processes' kernels, which would otherwise queue behind a
+    learner's that fill every SM. CUDA reads the setting once, when the process first calls it, so this runs
+    before that; without MPS CUDA ignores it. 100 leaves `environ` as it is. True where it set the share."""
+    if percent >= 100:
+        return False
+    if torch.cuda.is_initialized():
+        raise RuntimeError("limit_mps_share must run before the process's first CUDA call")
+    environ[MPS_SHARE_VAR] = str(percent)
+    return True
 
 
 def pick_device(setting: str, what: str) -> torch.device:

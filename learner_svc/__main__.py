@@ -15,7 +15,7 @@ import torch
 from prometheus_client import Counter, Gauge
 
 from lbc.config import Config
-from lbc.devices import pick_device, set_gpu_wait
+from lbc.devices import limit_mps_share, pick_device, set_gpu_wait
 from lbc.files import remove_stale_temporaries
 from lbc.params import shapes, to_blob
 from lbc.security import server_credentials_of
@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     stop = stop_event()
     torch.set_num_threads(cfg.learner.threads)
     set_gpu_wait(cfg.learner.gpu_wait)
+    if limit_mps_share(cfg.learner.mps_share, os.environ):
+        log.info("learner.mps_share: under MPS, the learner's kernels occupy at most %d%% of the GPU's threads",
+                 cfg.learner.mps_share)
     kernels = keep_compiled_kernels(cfg, os.environ)
     if kernels is not None:
         log.info("learner.compile: the recurrence compiles in the first steps (minutes on a CPU the first time); "

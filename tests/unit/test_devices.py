@@ -128,6 +128,20 @@ def test_the_acting_step_returns_its_outputs_on_the_cpu_and_keeps_the_state_with
     torch.testing.assert_close(out.value, on_cpu.value)
 
 
+def test_the_learners_mps_share_is_set_only_below_the_whole_gpu():
+    """learner.mps_share: below 100 the variable CUDA reads under MPS, at 100 the environment untouched (a share
+    set there stays); the setting is a percent."""
+    from lbc.devices import MPS_SHARE_VAR, limit_mps_share
+
+    environ = {MPS_SHARE_VAR: "40"}
+    assert not limit_mps_share(100, environ) and environ == {MPS_SHARE_VAR: "40"}
+    environ = {}
+    assert limit_mps_share(75, environ) and environ == {MPS_SHARE_VAR: "75"}
+    for bad in (0, 101):
+        with pytest.raises(Exception, match="mps_share"):
+            load_config("lbc-bm", [f"learner.mps_share={bad}"])
+
+
 def test_the_gpu_wait_is_sleep_unless_spin_is_asked_for():
     for preset in ("cpu", "lbc-bm"):
         cfg = load_config(preset)
