@@ -19,7 +19,8 @@
 #      seconds, not a run); 9. every test that needs a GPU.
 # Each run prints the frames/s the learner's steps keep up with, the learner's step in the system by part
 # (lbc_learner_step_seconds_total: device_wait is its wait for the GPU) and an actor's loop by part (its inference
-# includes its wait for the GPU), and writes its record to $OUT/<order>-<check>.json where OUT names a folder.
+# includes its wait for the GPU), and writes its record to $OUT/<order>-<check>.json where OUT names a folder
+# (python -m bench.record $OUT/*.json --picture runs.png: the runs side by side, in a table and in pictures).
 # Earlier checks, kept to reproduce session 38's and 40's rows: 1 preset; 2, 2b central inference
 # (actor.inference=remote, decision 68); 3 learner and actors spinning while they wait for the GPU; 4 preset under
 # MPS; 5 spinning under MPS; 6 two learner replicas of 32 sequences sharing the GPU under MPS; 7 8 actors of 64

@@ -13,8 +13,8 @@ The record is a plain dict filled as the benchmark goes (keys below); only what 
   cpu: {service: cores}, agent_steps_per_s
   other_inference: {inference, frames_per_s, x}
 
-`python -m bench.record DIR|FILE ...` prints several runs' records side by side (the A/B runs of
-bench/gpu_checks.sh, say), one row a run.
+`python -m bench.record DIR|FILE ... [--picture PNG]` prints several runs' records side by side (the A/B runs
+of bench/gpu_checks.sh, say), one row a run, and draws them side by side.
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ import json
 from pathlib import Path
 
 from bench.cpu_use import SHOWN_CORES
+from bench.system import ACTOR_PARTS
+from learner_svc.step_time import PARTS
+
+# the order the parts happen in, bottom up in the pictures (records keep their keys sorted)
+PART_ORDER = (*PARTS, *ACTOR_PARTS, "the rest")
 
 
 def write(record: dict, out: Path) -> tuple[Path, Path]:
@@ -137,15 +142,21 @@ def summary_row(record: dict) -> list[str]:
             f"{sum(cpu.values()) / steps * 1e3:.3f}" if cpu and steps else "-"]
 
 
+def load(path: Path) -> tuple[str, dict]:
+    """(name, record) of a bench.json or a folder holding one; the name is the folder's, or folder/file for
+    a record under another name (bench/gpu_checks.sh's <order>-<check>.json)."""
+    file = path / "bench.json" if path.is_dir() else path
+    name = file.parent.name if file.name == "bench.json" else f"{file.parent.name}/{file.stem}"
+    return name, json.loads(file.read_text())
+
+
 def compare(paths: list[Path]) -> list[str]:
     """A table of the records under `paths` (each a bench.json or a folder holding one), one row a run,
     labelled by its folder, preset, actors and settings."""
     rows = [["run", *COLUMNS]]
     for path in paths:
-        file = path / "bench.json" if path.is_dir() else path
-        record = json.loads(file.read_text())
+        name, record = load(path)
         settings = " ".join(record.get("settings", []))
-        name = file.parent.name if file.name == "bench.json" else f"{file.parent.name}/{file.stem}"
         label = f"{name}: {record['preset']}, {record.get('actors', '?')} actors {settings}".rstrip()
         rows.append([label, *summary_row(record)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -153,12 +164,66 @@ def compare(paths: list[Path]) -> list[str]:
             strict=True))) for row in rows]
 
 
+def draw_comparison(paths: list[Path], path: Path) -> Path:
+    """Several runs side by side in three pictures, one bar a run: frames/s with the rate the learner's steps
+    keep up with marked, the learner's step in the system by part, and an actor's loop by part (where the
+    records have them). The question they answer at a glance: which side waits, and on what."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [load(p) for p in paths]
+    names = [name.split("/")[-1] for name, _ in runs]
+    fig, axes = plt.subplots(1, 3, figsize=(3 * max(4.5, 0.85 * len(runs)), 5.2), squeeze=False)
+    ax = axes[0][0]
+    mains = [next((r for r in rec.get("end_to_end") or [] if r["actors"] == rec.get("actors")),
+                  (rec.get("end_to_end") or [{}])[-1]) for _, rec in runs]
+    bars = ax.bar(names, [m.get("frames_per_s", 0.0) for m in mains], color="tab:blue", label="frames/s in the window")
+    ax.bar_label(bars, fmt="{:,.0f}", fontsize=7)
+    bound = [(i, m["learner_bound_frames_per_s"]) for i, m in enumerate(mains) if "learner_bound_frames_per_s" in m]
+    if bound:
+        ax.scatter([i for i, _ in bound], [b for _, b in bound], marker="_", s=900, color="black", zorder=3,
+                   label="what the learner's steps keep up with")
+    ax.set_ylabel("frames/s")
+    ax.set_title("end to end", fontsize=10)
+    ax.set_ylim(top=1.3 * max([m.get("frames_per_s", 0.0) for m in mains] + [b for _, b in bound] + [1.0]))
+    ax.legend(fontsize=7, loc="upper right")
+    for ax, key, title in ((axes[0][1], "learner_step_ms", "the learner's step in the system, ms"),
+                           (axes[0][2], "actor_loop_ms", "an actor's loop (its games stepped once), ms")):
+        parts = sorted({part for _, rec in runs for part in rec.get(key) or {}},
+                       key=lambda part: (PART_ORDER.index(part) if part in PART_ORDER else len(PART_ORDER), part))
+        bottom = [0.0] * len(runs)
+        for part in parts:
+            heights = [(rec.get(key) or {}).get(part, 0.0) for _, rec in runs]
+            ax.bar(names, heights, bottom=bottom, label=part)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+        ax.set_title(title, fontsize=10)
+        if parts:   # the legend in the order the parts stack, the top one first, above the bars
+            handles, labels = ax.get_legend_handles_labels()
+            ax.legend(handles[::-1], labels[::-1], fontsize=7, loc="upper right", ncol=2)
+            ax.set_ylim(top=1.45 * max(bottom))
+    for ax in axes[0]:
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    first = runs[0][1]
+    fig.suptitle(f"bench.throughput: preset {first['preset']}, {first['game']}, {first['machine']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.record", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", type=Path, help="bench.json files, or the folders that hold them")
-    for line in compare(parser.parse_args(argv).paths):
+    parser.add_argument("--picture", type=Path, help="also draw the runs side by side into this PNG "
+                        "(frames/s, the learner's step and an actor's loop by part)")
+    args = parser.parse_args(argv)
+    for line in compare(args.paths):
         print(line)
+    if args.picture:
+        print(f"wrote {draw_comparison(args.paths, args.picture)}")
     return 0
 
 

@@ -290,7 +290,7 @@ def test_a_bench_record_is_written_as_json_and_drawn(tmp_path):
 def test_records_compare_side_by_side_by_their_main_run(tmp_path):
     import json
 
-    from bench.record import compare, write
+    from bench.record import compare, main, write
 
     record = _record()
     write(record, tmp_path / "a")
@@ -305,6 +305,12 @@ def test_records_compare_side_by_side_by_their_main_run(tmp_path):
     assert a.split()[-8:] == ["7,000", "0.78", "3.00", "-", "25%", "0%", "-", "0.914"]
     assert b.startswith("b/7: ") and "actor.inference=remote" in b
     assert b.split()[-8:-4] == ["5,000", "0.78", "2.00", "4,800"]
+    # drawn side by side too, a record without the step's and the loop's parts (a) beside one with them (c)
+    (tmp_path / "c.json").write_text(json.dumps({**record, "learner_step_ms": {"device_wait": 80.0, "batch": 5.0},
+                                                 "actor_loop_ms": {"games": 20.0, "inference": 7.0}}))
+    picture = tmp_path / "runs.png"
+    assert main([str(tmp_path / "a"), str(tmp_path / "c.json"), "--picture", str(picture)]) == 0
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_machine_line_tells_apart_hosts_of_one_name_by_generation_and_bf16():
