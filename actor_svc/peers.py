@@ -8,7 +8,6 @@ chose wait in a queue until it is back), a dead or saturated replay means the ac
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -116,7 +115,10 @@ class BehaviourSource:
         self.backoff = Backoff(initial=0.5)
         self.ahead = min(ahead, MAX_BEHAVIOURS_PER_EXCHANGE)
         self.stock: deque[EpisodeBehaviour] = deque()
+        # the loop appends while the thread takes: every use holds the lock (an iteration over a deque that
+        # another thread appends to fails, and did: "deque mutated during iteration" killed the thread)
         self.returns: deque[tuple[str, float]] = deque(maxlen=MAX_QUEUED_RETURNS)
+        self.returns_lock = threading.Lock()
         self.wake, self.closing = threading.Event(), threading.Event()
         self.worker = None
         if self.client is not None:
@@ -141,9 +143,10 @@ class BehaviourSource:
         """Queue an episode's return for the bandit (the oldest dropped beyond MAX_QUEUED_RETURNS)."""
         if not episode_id or self.client is None:
             return
-        if len(self.returns) == self.returns.maxlen:
-            REPORTS.labels("dropped").inc()
-        self.returns.append((episode_id, episode_return))
+        with self.returns_lock:
+            if len(self.returns) == self.returns.maxlen:
+                REPORTS.labels("dropped").inc()
+            self.returns.append((episode_id, episode_return))
         self.wake.set()
 
     def close(self, timeout: float = 2.0) -> None:
@@ -158,20 +161,33 @@ class BehaviourSource:
             self.wake.wait(0.5)
             self.wake.clear()
             while self._available():
-                returns = list(itertools.islice(self.returns, MAX_RETURNS_PER_EXCHANGE))
+                returns = self._take_returns()
                 wanted = 0 if self.closing.is_set() else max(self.ahead - len(self.stock), 0)
                 if not returns and not wanted:
                     break
                 chosen = self._exchange(returns, wanted)
                 if chosen is None:
-                    break   # the returns are kept for the bandit's return
-                for _ in returns:
-                    self.returns.popleft()
+                    self._give_back(returns)   # kept for the bandit's return
+                    break
                 self.stock.extend(chosen)
                 if len(chosen) < wanted:
                     break   # invalid choices: asked again at the next wake, not in a tight loop
             if self.closing.is_set():
                 return
+
+    def _take_returns(self) -> list[tuple[str, float]]:
+        """The oldest queued returns, at most MAX_RETURNS_PER_EXCHANGE, out of the queue."""
+        with self.returns_lock:
+            return [self.returns.popleft() for _ in range(min(len(self.returns), MAX_RETURNS_PER_EXCHANGE))]
+
+    def _give_back(self, returns: list[tuple[str, float]]) -> None:
+        """Returns the bandit did not take, back at the front of the queue in their order; beyond
+        MAX_QUEUED_RETURNS the oldest are dropped, as report drops them."""
+        with self.returns_lock:
+            keep = returns[max(len(returns) - (MAX_QUEUED_RETURNS - len(self.returns)), 0):]
+            if len(keep) < len(returns):
+                REPORTS.labels("dropped").inc(len(returns) - len(keep))
+            self.returns.extendleft(reversed(keep))
 
     def _available(self) -> bool:
         return self.client is not None and self.backoff.ready()
