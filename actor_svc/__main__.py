@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     remote = cfg.actor.inference == "remote"
     # with remote inference the actor's own network only shapes its state; its parameters are never pulled
     device = torch.device("cpu") if remote else pick_device(cfg.actor.device, "actor.device")
-    graphs = acting_graphs(cfg, device)   # refuses before anything starts where no GPU was found
+    # refuses before anything starts where no GPU was found; with remote inference the service replays them
+    graphs = None if remote else acting_graphs(cfg, device)
     agent = acting_agent(cfg, spec.obs_shape, spec.num_actions, device)
     net = policy_net(agent)
     acting = make_acting(cfg, agent, num_envs, args.index)

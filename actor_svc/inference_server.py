@@ -31,10 +31,11 @@ from actor_svc.remote import (
     request_layout,
 )
 from lbc import codec
-from lbc.acting import CoreInputs, acting_agent, forward, precision_of
+from lbc.acting import CoreInputs, acting_agent, acting_graphs, forward, precision_of
 from lbc.config import Config
 from lbc.devices import pick_device, to_device
 from lbc.envs import env_spec
+from lbc.lstm_bptt import GraphCache
 from lbc.nets import LBCNet, policy_net
 from lbc.security import secure_server_socket
 from lbc.service import Backoff, zmq_bind_address
@@ -49,27 +50,45 @@ FORWARD_SECONDS = Counter("lbc_inference_forward_seconds_total", "Seconds in the
 REJECTED = Counter("lbc_inference_rejected_total", "Requests refused", ["reason"])
 
 
+# With CUDA graphs (actor.cuda_graphs) a pass runs over its games padded up to a power of two of at least
+# this many, so that a few graphs serve every batch size (GraphCache keeps at most MAX_GRAPHS per service)
+GRAPH_MIN_GAMES = 32
+
+
 def input_buffers(layout: codec.Layout, games: int, pin: bool) -> dict[str, np.ndarray]:
     """Room for a pass's inputs of up to `games` games (request_layout): in page-locked memory where `pin`
-    (a GPU service), so that the pass's one copy to the device starts from them without another copy."""
-    return {name: torch.empty((games, *shape), dtype=getattr(torch, dtype), pin_memory=pin).numpy()
+    (a GPU service), so that the pass's one copy to the device starts from them without another copy. Zeros
+    at first: a padded pass reads rows past its games, which must be valid inputs (an action in range)."""
+    return {name: torch.zeros((games, *shape), dtype=getattr(torch, dtype), pin_memory=pin).numpy()
             for name, (dtype, shape) in layout.items()}
 
 
+def padded_games(games: int, room: int) -> int:
+    """The games a pass by CUDA graphs runs over: `games` padded up to a power of two of at least
+    GRAPH_MIN_GAMES, at most the `room` its buffers have."""
+    return min(room, max(GRAPH_MIN_GAMES, 1 << (games - 1).bit_length()))
+
+
 def batched_forward(net: LBCNet, requests: list[dict[str, np.ndarray]],
-                    buffers: dict[str, np.ndarray] | None = None) -> list[dict[str, np.ndarray]]:
+                    buffers: dict[str, np.ndarray] | None = None,
+                    graphs: GraphCache | None = None) -> list[dict[str, np.ndarray]]:
     """One forward pass (lbc.acting.forward) over the games of all `requests` (request_layout arrays), split
     back into each request's rows: adv [E, N, A], value [E, N] and the state after the step, h and c [E, H].
     Every game's row is what a pass over its own request alone gives, up to the rounding of another batch
     size (the network treats the games of a batch apart). The requests are joined into `buffers`
-    (input_buffers) where given, else into new arrays; the pass has read them when it returns."""
+    (input_buffers) where given, else into new arrays; the pass has read them when it returns. With `graphs`
+    and buffers the pass runs over padded_games rows of the buffers, the rows past the requests' left as an
+    earlier pass left them, and replays a CUDA graph on a GPU (forward)."""
     games = sum(len(r["reset"]) for r in requests)
     joined = {name: np.concatenate([r[name] for r in requests], out=None if buffers is None else buffers[name][:games])
               for name in requests[0]}
+    if graphs is not None and buffers is not None:
+        rows = padded_games(games, len(buffers["reset"]))
+        joined = {name: buffers[name][:rows] for name in joined}
     device = net.heads.weight.device
     inputs = CoreInputs(joined["prev_action"], joined["prev_reward"], joined["reset"],
                         (to_device(joined["h"], device), to_device(joined["c"], device)))
-    out = forward(net, joined["obs"], inputs, state_to_host=True)
+    out = forward(net, joined["obs"], inputs, state_to_host=True, graphs=graphs)
     rows = {"adv": out.adv[0].numpy(), "value": out.value[0].numpy(), "h": out.state[0].numpy(),
             "c": out.state[1].numpy()}
     ends = np.cumsum([len(r["reset"]) for r in requests])
@@ -122,7 +141,9 @@ def run(cfg: Config, stop: threading.Event, ready: Callable[[], None] = lambda: 
     ic = cfg.inference
     torch.set_num_threads(ic.threads)
     spec = env_spec(cfg.env)
-    agent = acting_agent(cfg, spec.obs_shape, spec.num_actions, pick_device(ic.device, "inference.device"))
+    device = pick_device(ic.device, "inference.device")
+    graphs = acting_graphs(cfg, device)   # refuses before anything starts where no GPU was found
+    agent = acting_agent(cfg, spec.obs_shape, spec.num_actions, device)
     net = policy_net(agent)
     layout = request_layout(spec, net.lstm_size)
     max_request_bytes = bytes_per_game(layout) * ic.max_batch_envs + HEADER_BYTES
@@ -140,9 +161,9 @@ def run(cfg: Config, stop: threading.Event, ready: Callable[[], None] = lambda: 
     while not stop.is_set() and not puller.pull():
         log.info("waiting for the first parameters from %s", cfg.endpoints.params)
         backoff.wait(stop)
-    log.info("inference up at %s: %s on %s in %s, up to %d games a pass, %.1f ms to gather, version %d",
-             cfg.endpoints.inference, cfg.env.name, net.heads.weight.device, precision_of(net), ic.max_batch_envs,
-             ic.max_wait_ms, puller.version)
+    log.info("inference up at %s: %s on %s in %s%s, up to %d games a pass, %.1f ms to gather, version %d",
+             cfg.endpoints.inference, cfg.env.name, net.heads.weight.device, precision_of(net),
+             " by CUDA graphs" if graphs is not None else "", ic.max_batch_envs, ic.max_wait_ms, puller.version)
     ready()
 
     passes = 0
@@ -169,7 +190,7 @@ def run(cfg: Config, stop: threading.Event, ready: Callable[[], None] = lambda: 
         if not requests:
             continue
         started = time.perf_counter()
-        replies = batched_forward(net, requests, buffers)
+        replies = batched_forward(net, requests, buffers, graphs)
         FORWARD_SECONDS.inc(time.perf_counter() - started)
         for (identity, request_id), arrays in zip(senders, replies, strict=True):
             frames = codec.encode(REPLY, arrays, sender="inference", param_version=puller.version,

@@ -26,7 +26,8 @@
 # MPS; 5 spinning under MPS; 6 two learner replicas of 32 sequences sharing the GPU under MPS; 7 8 actors of 64
 # games on two ALE threads; 8 the preset with py-spy after the window; n, 4n the actors reniced to 10 (without and
 # under MPS); m20 20 actors under MPS; 7m check 7 under MPS. Not yet run: 2m, central inference under MPS (two
-# CUDA contexts, the learner's and the inference service's, their kernels overlapping).
+# CUDA contexts, the learner's and the inference service's, their kernels overlapping), 2g and 2mg the same
+# without and under MPS with the service's pass as CUDA graphs over padded batches (actor.cuda_graphs).
 # Part 1 runs t 4 m2 mg ms (about 8 minutes), part 2 runs mgl 1 g 9. Run from the repository root:
 # bash bench/gpu_checks.sh [1|2|all], or a chosen few in order: bash bench/gpu_checks.sh runs 1 4 mg 9 (default
 # all; PY names the interpreter, default python3).
@@ -87,7 +88,7 @@ mps_off() {
 
 GRAPHS_OK=1   # check t sets it: after a failure the runs with CUDA graphs are skipped, not spent on a crash
 check() {   # check NUMBER: one of the numbered checks above
-    if [[ "$1" =~ ^(mg|ms|mgl|g|gl)$ && "$GRAPHS_OK" != 1 ]]; then
+    if [[ "$1" =~ ^(mg|ms|mgl|g|gl|2g|2mg)$ && "$GRAPHS_OK" != 1 ]]; then
         echo "== $1 skipped: check t's tests of the CUDA graphs failed"
         return 0
     fi
@@ -119,10 +120,14 @@ check() {   # check NUMBER: one of the numbered checks above
         gl) mps_off; system "gl. g and the learner's recurrence as CUDA graphs" --set actor.cuda_graphs=true \
                 --set learner.cuda_graphs=true ;;
         2m) mps_on && system "2m. central inference under MPS" --set actor.inference=remote ;;
+        2g) mps_off; system "2g. central inference, its pass as CUDA graphs" --set actor.inference=remote \
+                --set actor.cuda_graphs=true ;;
+        2mg) mps_on && system "2mg. central inference under MPS, its pass as CUDA graphs" \
+                 --set actor.inference=remote --set actor.cuda_graphs=true ;;
         t) mps_off
            echo "== t. GPU tests of the CUDA graphs"
            if timeout 120 "$PY" -m pytest -q -p no:cacheprovider -k "graphs" tests/unit/test_acting.py \
-               tests/unit/test_training.py; then GRAPHS_OK=1; else GRAPHS_OK=0; fi ;;
+               tests/unit/test_training.py tests/unit/test_remote_inference.py; then GRAPHS_OK=1; else GRAPHS_OK=0; fi ;;
         8) mps_off; system "8. preset again, with py-spy after the window" --profile ;;
         9) mps_off
            echo "== 9. GPU tests"

@@ -72,12 +72,14 @@ def acting_agent(cfg: Config, obs_shape: tuple[int, ...], num_actions: int,
 
 
 def acting_graphs(cfg: Config, device: torch.device) -> GraphCache | None:
-    """The CUDA graphs an actor's forward replays (actor.cuda_graphs), None where it runs eagerly; refuses where
-    actor.device=auto found no GPU (the configuration already refuses actor.device=cpu)."""
+    """The CUDA graphs the acting pass replays on `device` (actor.cuda_graphs) in an actor or, with
+    actor.inference=remote, in the inference service; None where it runs eagerly. Refuses where actor.device or
+    inference.device, set to auto, found no GPU (the configuration already refuses cpu)."""
     if not cfg.actor.cuda_graphs:
         return None
     if device.type != "cuda":
-        raise SystemExit("actor.cuda_graphs needs a GPU actor, and actor.device=auto found no GPU")
+        where = "inference.device" if cfg.actor.inference == "remote" else "actor.device"
+        raise SystemExit(f"actor.cuda_graphs needs the acting pass on a GPU, and {where}=auto found no GPU")
     return GraphCache()
 
 

@@ -259,10 +259,11 @@ class ActorConfig(_Section):
     threads: int = Field(1, ge=1)
     device: Literal["auto", "cpu", "cuda"] = Field("cpu", description="where actors and the evaluator run their "
                                                    "network: cuda batches each actor's inference on the GPU")
-    cuda_graphs: bool = Field(False, description="an actor on a GPU (actor.device auto or cuda) replays its "
-                              "network's pass as a CUDA graph captured at its first step: one launch where eager "
-                              "launches about 100 operations, each queued behind the learner's kernels on a shared "
-                              "GPU (lbc.acting.forward; the same arithmetic)")
+    cuda_graphs: bool = Field(False, description="the acting network's pass on a GPU replayed as a CUDA graph "
+                              "captured at its first step, one launch where eager launches about 100 operations: "
+                              "in each actor (actor.device auto or cuda), or with actor.inference=remote in the "
+                              "inference service (inference.device auto or cuda), its batch padded up to a power "
+                              "of two of at least 32 games (lbc.acting.forward; the same arithmetic)")
     gpu_wait: GpuWait = Field("sleep", description="how actors and the evaluator wait for their inference on a "
                               "GPU: sleep (the core is free meanwhile) or spin (CUDA's busy wait); "
                               "lbc.devices.wait_for_gpu")
@@ -475,9 +476,10 @@ class Config(BaseSettings):
         if self.learner.cuda_graphs and (self.learner.compile or self.learner.device == "cpu"):
             raise ValueError("learner.cuda_graphs needs a GPU learner (learner.device auto or cuda) and "
                              "learner.compile=false: both replace the same unroll")
-        if self.actor.cuda_graphs and (self.actor.device == "cpu" or self.actor.inference == "remote"):
-            raise ValueError("actor.cuda_graphs needs actors that run their network on a GPU (actor.device auto or "
-                             "cuda, actor.inference=local)")
+        pass_device = self.inference.device if self.actor.inference == "remote" else self.actor.device
+        if self.actor.cuda_graphs and pass_device == "cpu":
+            raise ValueError("actor.cuda_graphs needs the acting pass on a GPU: actor.device (or, with "
+                             "actor.inference=remote, inference.device) auto or cuda")
         if self.replay.min_sequences < self.learner.batch_size:
             raise ValueError("replay.min_sequences must be at least learner.batch_size")
         if self.replay.ratio_tolerance < self.learner.batch_size + self.replay.replay_ratio:

@@ -131,8 +131,11 @@ def test_acting_graphs_are_refused_without_a_gpu_and_unused_on_a_cpu_network():
     from lbc.lstm_bptt import GraphCache
 
     assert acting_graphs(load_config("lbc-bm"), torch.device("cpu")) is None
-    with pytest.raises(SystemExit, match="actor.cuda_graphs needs a GPU actor"):
+    with pytest.raises(SystemExit, match="needs the acting pass on a GPU, and actor.device=auto found no GPU"):
         acting_graphs(load_config("lbc-bm", ["actor.device=auto", "actor.cuda_graphs=true"]), torch.device("cpu"))
+    with pytest.raises(SystemExit, match="and inference.device=auto found no GPU"):
+        acting_graphs(load_config("lbc-bm", ["actor.inference=remote", "actor.cuda_graphs=true"]),
+                      torch.device("cpu"))
     net = LBCNet("mlp", (1, 4, 3), 3, 2, hidden=8, lstm=8).eval()
     obs = np.random.default_rng(0).integers(0, 255, (3, 1, 4, 3), dtype=np.uint8)
     graphs = GraphCache()

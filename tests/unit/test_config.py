@@ -59,9 +59,11 @@ def test_bad_input_is_named():
         load_config("cpu", ["learner.cuda_graphs=true", "learner.device=cpu"])
     with pytest.raises(Exception, match="cuda_graphs needs a GPU learner"):
         load_config("lbc-bm", ["learner.cuda_graphs=true", "learner.compile=true"])
-    for overrides in (["actor.device=cpu"], ["actor.device=cuda", "actor.inference=remote"]):
-        with pytest.raises(Exception, match="actor.cuda_graphs needs actors that run their network on a GPU"):
+    for overrides in (["actor.device=cpu"], ["actor.inference=remote", "inference.device=cpu"]):
+        with pytest.raises(Exception, match="actor.cuda_graphs needs the acting pass on a GPU"):
             load_config("lbc-bm", ["actor.cuda_graphs=true", *overrides])
+    # with central inference the service's device counts, not the actors' (their own network acts nowhere)
+    assert load_config("lbc-bm", ["actor.cuda_graphs=true", "actor.inference=remote"]).actor.cuda_graphs
 
 
 def test_ngu_and_agent57_settings_are_checked():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from actor_svc.inference_server import batched_forward, input_buffers
+from actor_svc.inference_server import batched_forward, input_buffers, padded_games
 from actor_svc.remote import check_message, check_request, reply_layout, request_arrays, request_layout
 from lbc.acting import CoreInputs, forward
 from lbc.codec import CodecError
@@ -47,6 +47,58 @@ def test_one_pass_over_several_requests_gives_each_its_own_rows(preset):
         np.testing.assert_allclose(reply["value"], alone.value[0].numpy(), rtol=1e-4, atol=1e-5)
         for got, want in zip((reply["h"], reply["c"]), alone.state, strict=True):
             np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_padded_pass_gives_the_requests_rows_whatever_the_rows_past_them_hold():
+    """actor.cuda_graphs in the service: a pass runs over its games padded up to a power of two (at least 32, at
+    most the buffers' room), the rows past the requests left as an earlier, larger pass filled them; each
+    request still gets the rows an unpadded pass gives (here on the CPU, where forward runs eagerly)."""
+    from lbc.lstm_bptt import GraphCache
+
+    assert [padded_games(g, 2048) for g in (1, 32, 33, 100, 1024, 1025)] == [32, 32, 64, 128, 1024, 2048]
+    assert padded_games(1500, 2000) == 2000
+    cfg = load_config("catch", ["actor.precision=fp32"])
+    spec = env_spec(cfg.env)
+    torch.manual_seed(0)
+    net = build_net(cfg, spec.obs_shape, spec.num_actions).eval()
+    rng = np.random.default_rng(2)
+    buffers = input_buffers(request_layout(spec, net.lstm_size), 64, pin=False)
+    assert not any(b.any() for b in buffers.values())   # valid inputs in every row before any pass
+    batched_forward(net, [_request(rng, net, spec, 40)], buffers)   # leaves rows 0-39 of other games behind
+    requests = [_request(rng, net, spec, games) for games in (3, 6)]
+    graphs = GraphCache()
+    for padded, plain in zip(batched_forward(net, requests, buffers, graphs), batched_forward(net, requests),
+                             strict=True):
+        assert padded["adv"].shape == plain["adv"].shape
+        for name in plain:
+            np.testing.assert_allclose(padded[name], plain[name], rtol=1e-4, atol=1e-5)
+    assert not graphs.graphs   # on the CPU nothing was captured
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a visible GPU")
+def test_the_services_pass_replayed_as_cuda_graphs_gives_the_eager_passs_rows():
+    """actor.cuda_graphs on the GPU service: passes of 9, 40 and 9 games again by graphs (padded to 32 and 64: two
+    graphs, the third pass replaying the first) give the eager GPU pass's rows, with new parameters loaded in
+    place between them."""
+    from lbc.acting import acting_graphs
+
+    cfg = load_config("cpu", ["actor.precision=fp32", "actor.cuda_graphs=true", "actor.inference=remote",
+                              "inference.device=cuda"])
+    spec = env_spec(cfg.env)
+    torch.manual_seed(0)
+    gpu = build_net(cfg, spec.obs_shape, spec.num_actions).eval().cuda()
+    graphs = acting_graphs(cfg, torch.device("cuda"))
+    rng = np.random.default_rng(3)
+    buffers = input_buffers(request_layout(spec, gpu.lstm_size), 128, pin=True)
+    for t, sizes in enumerate(((4, 5), (16, 16, 8), (9,))):
+        if t == 2:
+            gpu.load_state_dict({k: v * 1.5 for k, v in gpu.state_dict().items()})
+        requests = [_request(rng, gpu, spec, games) for games in sizes]
+        for graphed, eager in zip(batched_forward(gpu, requests, buffers, graphs), batched_forward(gpu, requests),
+                                  strict=True):
+            for name in eager:
+                np.testing.assert_allclose(graphed[name], eager[name], rtol=1e-4, atol=1e-5)
+    assert len(graphs.graphs) == 2
 
 
 def test_the_wire_refuses_what_does_not_fit_the_network():
