@@ -31,7 +31,7 @@ import platform
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -465,14 +465,23 @@ def describe_cpu(cpuinfo: str, capability: str, bf16: bool) -> str:
     return f"{name}{generation}, {capability}, {'bf16 in hardware' if bf16 else 'no bf16 in hardware'}"
 
 
+def under_mps(environ: Mapping[str, str]) -> bool:
+    """Whether NVIDIA's MPS control daemon listens where this process's CUDA would look for it (its pipe
+    directory, CUDA_MPS_PIPE_DIRECTORY or /tmp/nvidia-mps): the services' kernels then share the GPU instead of
+    time-slicing it, which moved the paper's preset from learner-bound to actor-bound (docs/speed.md)."""
+    return (Path(environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps") / "control").exists()
+
+
 def describe_machine() -> str:
-    """describe_cpu for this machine, and its GPU where one is visible."""
+    """describe_cpu for this machine, and its GPU where one is visible, with whether MPS shares it."""
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
         cpuinfo = ""
     cpu = describe_cpu(cpuinfo, torch.backends.cpu.get_cpu_capability(), cpu_computes_bf16())
-    return cpu + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "")
+    if not torch.cuda.is_available():
+        return cpu
+    return f"{cpu}, {torch.cuda.get_device_name()}{' under MPS' if under_mps(os.environ) else ''}"
 
 
 def allocate_as_services(module: str) -> None:

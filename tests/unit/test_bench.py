@@ -322,6 +322,17 @@ def test_the_machine_line_tells_apart_hosts_of_one_name_by_generation_and_bf16()
     assert describe_cpu("", "DEFAULT", False).endswith(", DEFAULT, no bf16 in hardware")
 
 
+def test_the_machine_line_says_when_mps_shares_the_gpu(tmp_path):
+    """MPS counts as on where its control daemon's pipe is in the directory CUDA would look in."""
+    from bench.throughput import under_mps
+
+    pipes = tmp_path / "mps"
+    assert not under_mps({"CUDA_MPS_PIPE_DIRECTORY": str(pipes)})
+    pipes.mkdir()
+    (pipes / "control").touch()
+    assert under_mps({"CUDA_MPS_PIPE_DIRECTORY": str(pipes)})
+
+
 def test_the_learner_bound_counts_each_sequences_new_steps_once_per_replay_ratio():
     from bench.throughput import learner_bound_frames
 
