@@ -184,7 +184,7 @@ class BehaviourSource:
         """Returns the bandit did not take, back at the front of the queue in their order; beyond
         MAX_QUEUED_RETURNS the oldest are dropped, as report drops them."""
         with self.returns_lock:
-            keep = returns[max(len(returns) - (MAX_QUEUED_RETURNS - len(self.returns)), 0):]
+            keep = returns[max(len(returns) - (self.returns.maxlen - len(self.returns)), 0):]
             if len(keep) < len(returns):
                 REPORTS.labels("dropped").inc(len(returns) - len(keep))
             self.returns.extendleft(reversed(keep))

@@ -40,6 +40,7 @@ export PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/lbc-compile-cache}
 SPIN=(--set learner.gpu_wait=spin --set actor.gpu_wait=spin)
 TWO=(--set env.num_threads=2)
+GRAPHS=(--set actor.cuda_graphs=true)
 
 RUN=0
 system() {   # system LABEL [bench.throughput arguments...]: one end-to-end run at 16 actors unless told; its
@@ -113,19 +114,19 @@ check() {   # check NUMBER: one of the numbered checks above
         7m) mps_on && system "7m. 8 actors of 64 games on two ALE threads each, under MPS" --actors 8 \
                 --set env.num_envs=64 --set env.num_threads=2 ;;
         m2) mps_on && system "m2. under MPS, each actor's games on two ALE threads" "${TWO[@]}" ;;
-        mg) mps_on && system "mg. m2 and the actors' pass as a CUDA graph" "${TWO[@]}" --set actor.cuda_graphs=true ;;
+        mg) mps_on && system "mg. m2 and the actors' pass as a CUDA graph" "${TWO[@]}" "${GRAPHS[@]}" ;;
         ms) mps_on && system "ms. mg and the learner kept to 75% of the GPU's threads" "${TWO[@]}" \
-                --set actor.cuda_graphs=true --set learner.mps_share=75 ;;
+                "${GRAPHS[@]}" --set learner.mps_share=75 ;;
         mgl) mps_on && system "mgl. mg and the learner's recurrence as CUDA graphs" "${TWO[@]}" \
-                 --set actor.cuda_graphs=true --set learner.cuda_graphs=true ;;
-        g) mps_off; system "g. the actors' pass as a CUDA graph" --set actor.cuda_graphs=true ;;
-        gl) mps_off; system "gl. g and the learner's recurrence as CUDA graphs" --set actor.cuda_graphs=true \
+                 "${GRAPHS[@]}" --set learner.cuda_graphs=true ;;
+        g) mps_off; system "g. the actors' pass as a CUDA graph" "${GRAPHS[@]}" ;;
+        gl) mps_off; system "gl. g and the learner's recurrence as CUDA graphs" "${GRAPHS[@]}" \
                 --set learner.cuda_graphs=true ;;
         2m) mps_on && system "2m. central inference under MPS" --set actor.inference=remote ;;
         2g) mps_off; system "2g. central inference, its pass as CUDA graphs" --set actor.inference=remote \
-                --set actor.cuda_graphs=true ;;
+                "${GRAPHS[@]}" ;;
         2mg) mps_on && system "2mg. central inference under MPS, its pass as CUDA graphs" \
-                 --set actor.inference=remote --set actor.cuda_graphs=true ;;
+                 --set actor.inference=remote "${GRAPHS[@]}" ;;
         t) mps_off
            echo "== t. GPU tests of the CUDA graphs"
            if timeout 120 "$PY" -m pytest -q -p no:cacheprovider -k "graphs" tests/unit/test_acting.py \

@@ -123,13 +123,19 @@ def _cores(record: dict, ax) -> None:
 COLUMNS = ("frames/s", "ratio", "learner steps/s", "keeps up with", "held", "waited", "GPU busy", "CPU ms/step")
 
 
+def main_run(record: dict) -> dict | None:
+    """The end-to-end run the record's other figures (CPU split, learner step, actor loop) are of: the one at
+    its `actors` count, else its last; None without one."""
+    runs = record.get("end_to_end") or []
+    return next((r for r in runs if r["actors"] == record.get("actors")), runs[-1] if runs else None)
+
+
 def summary_row(record: dict) -> list[str]:
     """One run's headline figures (COLUMNS): its main end-to-end run (the actor count the CPU split is of),
     achieved / ceiling where the stages ran, the learner's steps and the frames/s they keep up with at the replay
     ratio (bench.throughput.learner_bound_frames), replay holding the actors back and the learner waiting for data,
     the GPU's busy share where sampled, and the CPU of all services per agent step."""
-    runs = record.get("end_to_end") or []
-    main = next((r for r in runs if r["actors"] == record.get("actors")), runs[-1] if runs else None)
+    main = main_run(record)
     if main is None:
         return ["-"] * len(COLUMNS)
     cpu, steps = record.get("cpu") or {}, record.get("agent_steps_per_s")
@@ -177,8 +183,7 @@ def draw_comparison(paths: list[Path], path: Path) -> Path:
     names = [name.split("/")[-1] for name, _ in runs]
     fig, axes = plt.subplots(1, 3, figsize=(3 * max(4.5, 0.85 * len(runs)), 5.2), squeeze=False)
     ax = axes[0][0]
-    mains = [next((r for r in rec.get("end_to_end") or [] if r["actors"] == rec.get("actors")),
-                  (rec.get("end_to_end") or [{}])[-1]) for _, rec in runs]
+    mains = [main_run(rec) or {} for _, rec in runs]
     bars = ax.bar(names, [m.get("frames_per_s", 0.0) for m in mains], color="tab:blue", label="frames/s in the window")
     ax.bar_label(bars, fmt="{:,.0f}", fontsize=7)
     bound = [(i, m["learner_bound_frames_per_s"]) for i, m in enumerate(mains) if "learner_bound_frames_per_s" in m]
