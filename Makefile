@@ -36,7 +36,7 @@ help:
 
 install: $(STAMP) $(PROTO_OUT)
 
-# uv installs in about half pip's time (71-81 s against 149 s on two cores, bytecode compiled as pip compiles
+# uv installs in about half pip's time (71-86 s against 149 s on two cores, bytecode compiled as pip compiles
 # it; CI installs on every run). uv does not read pip's configuration: it is given pip's local wheel folder
 # (PIP_FIND_LINKS, else pip's find-links setting; this machine kind keeps its CPU torch there, and without it
 # torch==2.13.0 would come as the CUDA build). pip installs where uv fails. Evaluated only when installing.
