@@ -28,8 +28,8 @@ from lbc.agents import Acting, make_acting
 from lbc.behaviour import sample_actions
 from lbc.config import Config, EnvConfig
 from lbc.devices import pick_device
-from lbc.envs import VectorEnvs, make_envs
-from lbc.nets import policy_net
+from lbc.envs import IndependentEnvs, VectorEnvs
+from lbc.nets import NetOutput, policy_net
 from lbc.scores import summarise
 
 log = logging.getLogger("evaluator")
@@ -66,47 +66,79 @@ class EpisodeQuota:
         if len(self.scores[env]) < self.quota[env]:
             self.scores[env].append(score)
 
+    def playing(self) -> np.ndarray:
+        """[E] bool: the environments whose count is not complete."""
+        return np.array([len(s) < q for s, q in zip(self.scores, self.quota, strict=True)])
+
     @property
     def done(self) -> bool:
-        return all(len(s) >= q for s, q in zip(self.scores, self.quota, strict=True))
+        return not self.playing().any()
 
     def all_scores(self) -> list[float]:
         return [score for env in self.scores for score in env]
 
 
-def play(cfg: Config, net: torch.nn.Module, envs: VectorEnvs, episodes: int, seed: int, policy: str,
+def evaluation_envs(cfg: Config, num_envs: int, seed: int) -> IndependentEnvs:
+    """The games an evaluation plays (eval_env_config's protocol), each stepped only while its episodes count."""
+    return IndependentEnvs(eval_env_config(cfg), num_envs, seed)
+
+
+def play(cfg: Config, net: torch.nn.Module, envs: IndependentEnvs | VectorEnvs, episodes: int, seed: int, policy: str,
          acting: Acting, generator: torch.Generator | None = None,
          on_frame: Callable[[np.ndarray, np.ndarray], None] | None = None,
          stop: threading.Event | None = None) -> tuple[list[float], int] | None:
-    """Play `episodes` whole games with the evaluation policy from fresh resets; (scores, agent steps),
-    or None when `stop` (a threading.Event) is set first. `acting` (lbc.agents.make_acting) supplies what
-    the family's network reads besides the frame. `on_frame(obs, actions)` (optional) sees every
-    step, e.g. to record a video."""
+    """Play `episodes` whole games with the evaluation policy from fresh resets; (scores, the agent steps the
+    games took), or None when `stop` (a threading.Event) is set first. With IndependentEnvs (evaluation_envs) a
+    game whose episodes are counted (EpisodeQuota) is neither stepped nor read by the policy network again
+    (forward_rows), and every step still draws the same random numbers, whichever games are left; a vector
+    (`lbc play`'s one game) steps all its games. `acting` (lbc.agents.make_acting) supplies what the family's
+    network reads besides the frame. `on_frame(obs, actions)` (optional) sees every step, e.g. to record a
+    video."""
     num_envs = envs.num_envs
+    independent = isinstance(envs, IndependentEnvs)
     quota = EpisodeQuota(episodes, num_envs)
     obs = envs.reset(seed=seed)
     inputs = CoreInputs.start(net, num_envs)
     acting.for_evaluation()
     returns = np.zeros(num_envs)
     steps = 0
-    while not quota.done:
+    while (playing := quota.playing()).any():
         if stop is not None and stop.is_set():
             return None
-        fields = acting.observe(obs, inputs.reset)
-        out = forward(net, obs, inputs, acting.extra_inputs(fields))
+        extra = acting.extra_inputs(acting.observe(obs, inputs.reset))
+        out = (forward_rows(net, obs, inputs, extra, np.flatnonzero(playing)) if independent and not playing.all()
+               else forward(net, obs, inputs, extra))
         actions, _ = sample_actions(evaluation_probs(cfg, out, policy), generator)
         action_np = actions.numpy()
         if on_frame is not None:
             on_frame(obs, action_np)
-        result = envs.step(action_np)
+        result = envs.step(action_np, playing) if independent else envs.step(action_np)
         returns += result.reward
         for e in np.flatnonzero(result.done):
             quota.record(int(e), float(returns[e]))
             returns[e] = 0.0
         obs = result.obs
         inputs.advance(action_np, result.reward, result.done, out.state)
-        steps += num_envs
+        steps += int(playing.sum()) if independent else num_envs
     return quota.all_scores(), steps
+
+
+def forward_rows(net: torch.nn.Module, obs: np.ndarray, inputs: CoreInputs, extra: torch.Tensor | None,
+                 rows: np.ndarray) -> NetOutput:
+    """lbc.acting.forward for the environments at `rows` alone, laid out for all E: the others' advantages and
+    values zero, their recurrent state as it was. The rows' outputs equal those of a pass over all E up to float
+    rounding (a smaller batch may sum in another order)."""
+    part = CoreInputs(inputs.prev_action[rows], inputs.prev_reward[rows], inputs.reset[rows],
+                      tuple(s[torch.as_tensor(rows, device=s.device)] for s in inputs.state))
+    out = forward(net, obs[rows], part, None if extra is None else extra[:, rows])
+    num_envs = len(inputs.reset)
+    adv = out.adv.new_zeros((out.adv.shape[0], num_envs, *out.adv.shape[2:]))
+    value = out.value.new_zeros((out.value.shape[0], num_envs, *out.value.shape[2:]))
+    adv[:, rows], value[:, rows] = out.adv, out.value
+    state = tuple(s.clone() for s in inputs.state)
+    for whole, new in zip(state, out.state, strict=True):
+        whole[torch.as_tensor(rows, device=whole.device)] = new
+    return NetOutput(adv=adv, value=value, state=state)
 
 
 def evaluation_record(cfg: Config, version: int, policy: str, scores: list[float], steps: int,
@@ -131,8 +163,7 @@ def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
     """The evaluator's loop; returns when `stop` is set."""
     ec = cfg.eval
     game = cfg.env.name
-    env_cfg = eval_env_config(cfg)
-    envs = make_envs(env_cfg, ec.num_envs, seed=ec.seed)
+    envs = evaluation_envs(cfg, ec.num_envs, ec.seed)
     spec = envs.spec
     agent = acting_agent(cfg, spec.obs_shape, spec.num_actions, pick_device(cfg.actor.device, "actor.device"))
     net = policy_net(agent)

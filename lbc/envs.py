@@ -89,10 +89,19 @@ class AtariEnvs:
         return obs
 
     def step(self, actions: np.ndarray) -> StepResult:
+        self.send(actions)
+        return self.recv()
+
+    def send(self, actions: np.ndarray) -> None:
+        """The first half of step: the games start on ALE's threads and the call returns (recv waits for them)."""
         # AtariVectorEnv hangs without an error on an action outside the set: check first.
         if actions.shape != (self.num_envs,) or actions.min() < 0 or actions.max() >= self.spec.num_actions:
             raise ValueError(f"actions out of range [0, {self.spec.num_actions}): {actions}")
-        obs, reward, term, trunc, info = self._env.step(actions.astype(np.int64))
+        self._env.send(actions.astype(np.int64))
+
+    def recv(self) -> StepResult:
+        """The second half of step: waits for the games `send` started."""
+        obs, reward, term, trunc, info = self._env.recv()
         done = term | trunc
         life_lost = (info["lives"] < self._lives) & ~done
         self._lives = info["lives"]
@@ -288,3 +297,61 @@ ENV_KINDS = {"atari": AtariEnvs, "catch": CatchEnvs, "gymnasium": GymnasiumEnvs,
 
 def make_envs(cfg: EnvConfig, num_envs: int, seed: int) -> VectorEnvs:
     return ENV_KINDS[cfg.kind](cfg, num_envs, seed)
+
+
+class IndependentEnvs:
+    """E games made one by one (make_envs(cfg, 1, seed + i)), so that a step can leave some of them alone:
+    the evaluator counts the first episodes of each game, and a vector, which steps every game, goes on
+    playing the games whose count is complete until the longest counted episode ends, frames it throws away
+    (docs/speed.md, decision 75). Game i is seeded as a vector's game i is (seed + i, for seeds below
+    2**31 - E), so for the same actions it plays the same frames; ALE's games run on a thread each, all at once."""
+
+    def __init__(self, cfg: EnvConfig, num_envs: int, seed: int) -> None:
+        one = cfg.model_copy(update={"num_threads": 1}) if cfg.kind == "atari" else cfg
+        self._games = [make_envs(one, 1, seed + i) for i in range(num_envs)]
+        self.spec = self._games[0].spec
+        self.num_envs = num_envs
+        self._seed = seed
+        self._obs: np.ndarray | None = None
+
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        base = self._seed if seed is None else seed
+        self._obs = np.concatenate([game.reset(base + i) for i, game in enumerate(self._games)])
+        return self._obs
+
+    def step(self, actions: np.ndarray, playing: np.ndarray | None = None) -> StepResult:
+        """Step the games where `playing` ([E] bool; all when None); the others keep their observation, with no
+        reward and no episode end."""
+        if self._obs is None:
+            raise RuntimeError("reset before step")
+        if actions.shape != (self.num_envs,):
+            raise ValueError(f"expected {self.num_envs} actions, got shape {actions.shape}")
+        rows = range(self.num_envs) if playing is None else np.flatnonzero(playing)
+        results: dict[int, StepResult] = {}
+        for i in rows:   # ALE's games start on their threads, then are collected
+            game = self._games[i]
+            if isinstance(game, AtariEnvs):
+                game.send(actions[i:i + 1])
+            else:
+                results[i] = game.step(actions[i:i + 1])
+        for i in rows:
+            if i not in results:
+                results[i] = self._games[i].recv()
+        obs = self._obs.copy()
+        reward = np.zeros(self.num_envs, np.float32)
+        done, truncated, life_lost = (np.zeros(self.num_envs, bool) for _ in range(3))
+        for i, r in results.items():
+            obs[i], reward[i], done[i] = r.obs[0], r.reward[0], r.done[0]
+            truncated[i], life_lost[i] = r.truncated[0], r.life_lost[0]
+        cut = {i: r.final_obs[0] for i, r in results.items() if r.final_obs is not None}
+        final_obs = None
+        if cut:   # the contract's [E, ...], other rows as obs
+            final_obs = obs.copy()
+            for i, last in cut.items():
+                final_obs[i] = last
+        self._obs = obs
+        return StepResult(obs, reward, done, truncated, life_lost, final_obs)
+
+    def close(self) -> None:
+        for game in self._games:
+            game.close()

@@ -33,10 +33,9 @@ def frames_when_written(metrics_log: Path, written_at: float) -> float | None:
 
 
 def evaluate_cli(args: argparse.Namespace) -> int:
-    from actor_svc.evaluator import append_record, eval_env_config, evaluation_record, play
+    from actor_svc.evaluator import append_record, evaluation_envs, evaluation_record, play
     from lbc.acting import acting_agent, evaluation_policy
     from lbc.agents import make_acting
-    from lbc.envs import make_envs
     from lbc.nets import policy_net
 
     run_dir = Path(args.run)
@@ -47,7 +46,7 @@ def evaluate_cli(args: argparse.Namespace) -> int:
     if episodes < 1:
         raise SystemExit(f"lbc evaluate: --episodes must be at least 1, got {episodes}")
     seed = ec.seed if args.seed is None else args.seed
-    envs = make_envs(eval_env_config(cfg), ec.num_envs, seed=seed)
+    envs = evaluation_envs(cfg, ec.num_envs, seed)
     agent = acting_agent(cfg, envs.spec.obs_shape, envs.spec.num_actions)
     agent.load_state_dict(state["model"])
     net = policy_net(agent)

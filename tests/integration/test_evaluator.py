@@ -5,11 +5,10 @@ import json
 
 import torch
 
-from actor_svc.evaluator import eval_env_config, play
+from actor_svc.evaluator import evaluation_envs, play
 from lbc.acting import evaluation_policy
 from lbc.agents import make_acting
 from lbc.config import load_config
-from lbc.envs import make_envs
 from lbc.nets import build_agent
 from tests.support import Service, endpoint_overrides, metric, overrides_dict, resume_learner, wait_for, wait_healthy
 
@@ -45,7 +44,7 @@ def test_evaluator_plays_its_version_and_survives_a_learner_restart(tmp_path):
         cfg = load_config("catch", overrides)
         torch.manual_seed(cfg.learner.seed)
         agent = build_agent(cfg, (1, cfg.env.catch_rows, cfg.env.catch_columns), 3).eval()
-        envs = make_envs(eval_env_config(cfg), cfg.eval.num_envs, seed=cfg.eval.seed)
+        envs = evaluation_envs(cfg, cfg.eval.num_envs, cfg.eval.seed)
         scores, _ = play(cfg, agent, envs, cfg.eval.episodes, cfg.eval.seed, evaluation_policy(cfg),
                          make_acting(cfg, agent, cfg.eval.num_envs),
                          generator=torch.Generator().manual_seed(cfg.eval.seed))

@@ -7,10 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from actor_svc.evaluator import EpisodeQuota, eval_env_config
-from lbc.acting import CoreInputs, evaluation_policy, evaluation_probs
+from actor_svc.evaluator import EpisodeQuota, eval_env_config, evaluation_envs, forward_rows, play
+from lbc.acting import CoreInputs, acting_agent, evaluation_policy, evaluation_probs, forward
+from lbc.agents import make_acting
+from lbc.behaviour import sample_actions
 from lbc.config import load_config
-from lbc.nets import LBCNet, NetOutput
+from lbc.envs import AtariEnvs
+from lbc.nets import LBCNet, NetOutput, policy_net
 
 
 def test_core_inputs_restart_at_boundaries():
@@ -185,3 +188,73 @@ def test_an_actor_replaying_its_pass_as_cuda_graphs_acts_as_the_eager_one(preset
     forward(net, obs, graphed, extra, graphs=graphs)
     torch.testing.assert_close(out_g.state[0], kept, rtol=0, atol=0)
     assert len(graphs.graphs) == 1
+
+
+def _first_episodes_on_a_vector(cfg, net, acting, seed: int) -> tuple[list[float], list[int]]:
+    """The reference: every game of a vector stepped until each has ended once; each game's first score and
+    the steps it took."""
+    envs = AtariEnvs(eval_env_config(cfg), cfg.eval.num_envs, seed)
+    obs = envs.reset(seed)
+    inputs = CoreInputs.start(net, envs.num_envs)
+    acting.for_evaluation()
+    generator = torch.Generator().manual_seed(seed)
+    returns = np.zeros(envs.num_envs)
+    scores, lengths = [None] * envs.num_envs, [None] * envs.num_envs
+    t = 0
+    while any(s is None for s in scores):
+        out = forward(net, obs, inputs, acting.extra_inputs(acting.observe(obs, inputs.reset)))
+        actions = sample_actions(evaluation_probs(cfg, out, "sample"), generator)[0].numpy()
+        result = envs.step(actions)
+        t += 1
+        returns += result.reward
+        for e in np.flatnonzero(result.done):
+            if scores[e] is None:
+                scores[e], lengths[e] = float(returns[e]), t
+            returns[e] = 0.0
+        obs = result.obs
+        inputs.advance(actions, result.reward, result.done, out.state)
+    envs.close()
+    return scores, lengths
+
+
+def test_evaluation_plays_the_vectors_episodes_without_the_frames_after_them():
+    """Games whose episode is counted stop being stepped: the same scores as stepping every game until the
+    longest episode ends, in the counted episodes' steps alone."""
+    cfg = load_config("cpu", ["env.game=breakout", "eval.num_envs=3", "eval.episodes=3",
+                              "env.max_episode_frames=20000"])
+    torch.manual_seed(0)
+    agent = acting_agent(cfg, (4, 84, 84), 18)
+    net = policy_net(agent)
+    seed = 5
+    scores, lengths = _first_episodes_on_a_vector(cfg, net, make_acting(cfg, agent, 3), seed)
+    envs = evaluation_envs(cfg, 3, seed)
+    played, steps = play(cfg, net, envs, 3, seed, "sample", make_acting(cfg, agent, 3),
+                         torch.Generator().manual_seed(seed))
+    envs.close()
+    assert played == scores
+    assert steps == sum(lengths) < 3 * max(lengths)     # the vector played 3 x the longest
+
+
+@pytest.mark.parametrize("preset", ["cpu", "agent57"])
+def test_the_network_on_some_rows_gives_those_rows_of_a_pass_over_all(preset):
+    cfg = load_config(preset, ["env.game=breakout"])
+    torch.manual_seed(0)
+    agent = acting_agent(cfg, (4, 84, 84), 18)
+    net = policy_net(agent)
+    acting = make_acting(cfg, agent, 5)
+    obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8).numpy()
+    inputs = CoreInputs.start(net, 5)
+    inputs.reset[:] = [True, False, False, True, False]
+    inputs.prev_action[:] = [0, 3, 7, 0, 17]
+    inputs.state = tuple(torch.randn_like(s) for s in inputs.state)
+    extra = acting.extra_inputs(acting.observe(obs, inputs.reset))
+    whole = forward(net, obs, inputs, extra)
+    rows = np.array([1, 3])
+    part = forward_rows(net, obs, inputs, extra, rows)
+    torch.testing.assert_close(part.adv[:, rows], whole.adv[:, rows], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(part.value[:, rows], whole.value[:, rows], rtol=1e-5, atol=1e-5)
+    others = np.array([0, 2, 4])
+    assert not part.adv[:, others].any() and not part.value[:, others].any()
+    for before, after, full in zip(inputs.state, part.state, whole.state, strict=True):
+        torch.testing.assert_close(after[rows], full[rows], rtol=1e-5, atol=1e-5)
+        assert torch.equal(after[others], before[others])

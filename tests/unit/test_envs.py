@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from lbc.config import load_config
-from lbc.envs import AtariEnvs, CatchEnvs
+from lbc.envs import AtariEnvs, CatchEnvs, IndependentEnvs
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +91,39 @@ def test_breakout_reports_life_losses_apart_from_game_over():
         dones += int(result.done.sum())
     envs.close()
     assert dones >= 1 and lost >= 4 * dones   # five lives: four losses before each game over
+
+
+def test_independent_games_play_a_vectors_frames_and_idle_where_told():
+    """IndependentEnvs' game i is a vector's game i (same seed, same actions, same frames); a game left out of a
+    step keeps its frame, with no reward and no end, and later goes on from where it stopped."""
+    cfg = load_config("cpu", ["env.game=breakout"]).env
+    vector, independent = AtariEnvs(cfg, 3, seed=11), IndependentEnvs(cfg, 3, seed=11)
+    np.testing.assert_array_equal(vector.reset(), independent.reset())
+    rng = np.random.default_rng(1)
+    ends = 0
+    for _ in range(400):
+        actions = rng.integers(0, 18, 3)
+        a, b = vector.step(actions), independent.step(actions)
+        for field in ("obs", "reward", "done", "truncated", "life_lost"):
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+        ends += int(a.done.sum())
+    assert ends >= 1                                     # the same games across a same-step reset
+    vector.close()
+
+    # game 1 left out for 30 steps, against a game seeded as game 1 and stepped only when game 1 is
+    alone = AtariEnvs(cfg, 1, seed=12)
+    last = independent.reset(seed=11)[1]
+    alone.reset(seed=12)
+    playing = np.array([True, False, True])
+    for t in range(120):
+        actions = rng.integers(0, 18, 3)
+        idle = 40 <= t < 70
+        result = independent.step(actions, playing if idle else None)
+        if idle:
+            assert result.reward[1] == 0 and not result.done[1] and not result.life_lost[1]
+            np.testing.assert_array_equal(result.obs[1], last)
+        else:
+            np.testing.assert_array_equal(result.obs[1], alone.step(actions[1:2]).obs[0])
+        last = result.obs[1]
+    independent.close()
+    alone.close()
