@@ -132,8 +132,21 @@ def read_frame_sequences(frames: torch.Tensor, stack_start: torch.Tensor, centre
     that layout) cost 20-47 ms a batch of 496-672 observations on one core (docs/speed.md, decision 66)."""
     steps = stack_start.shape[0]
     stack = frames.shape[0] - steps + 1
+    keep = stack_keep(stack_start.transpose(0, 1), stack).transpose(0, 1)   # [T, B, S]
     # each frame's median [T + S - 1, B]
-    pixels, medians = _pixels(frames, frame_medians(frames, by_sort) if centre else None)
+    medians = frame_medians(frames, by_sort) if centre else None
+    if frames.device.type == "cpu" and (medians is None or pixel_dtype("cpu") != torch.bfloat16):
+        # the pixels are the frames converted: the uint8 frames are stacked in the output's layout, a quarter of
+        # float32's bytes, and converted in one pass over contiguous memory (stacking float32 pixels in a
+        # channels-last layout took a third longer: 46 against 34 ms for an `impala` batch on a 2-core AVX2 host)
+        uint8_stacks = torch.stack([frames[k:k + steps] for k in range(stack)],
+                                   dim=-1 if memory_format == torch.channels_last else 2)
+        if memory_format == torch.channels_last:
+            uint8_stacks = uint8_stacks.permute(0, 1, 4, 2, 3)
+        t, b, k = keep.logical_not().nonzero(as_tuple=True)
+        uint8_stacks[t, b, k] = 0
+        return Frames(uint8_stacks.to(pixel_dtype("cpu")), _stacked_medians(medians, keep))
+    pixels, medians = _pixels(frames, medians)
     dtype = pixels.dtype
     batch, height, width = frames.shape[1:]
     if memory_format == torch.channels_last:
@@ -141,7 +154,6 @@ def read_frame_sequences(frames: torch.Tensor, stack_start: torch.Tensor, centre
         out = out.permute(0, 1, 4, 2, 3)
     else:
         out = torch.empty((steps, batch, stack, height, width), dtype=dtype, device=frames.device)
-    keep = stack_keep(stack_start.transpose(0, 1), stack).transpose(0, 1)   # [T, B, S]
     if frames.device.type == "cpu":
         # one copy from the frames' windows (a view), written in the output's own order: a copy per stacked
         # channel writes every cache line of a channels-last output S times (float32 on a 2-core AVX2 host: 40-48
@@ -155,9 +167,14 @@ def read_frame_sequences(frames: torch.Tensor, stack_start: torch.Tensor, centre
         mask = keep.to(dtype)[..., None, None]
         for k in range(stack):
             torch.mul(pixels[k:k + steps], mask[:, :, k], out=out[:, :, k])
-    if medians is not None:
-        medians = medians.unfold(0, stack, 1).float() * keep   # [T, B, S]
-    return Frames(out, medians)
+    return Frames(out, _stacked_medians(medians, keep))
+
+
+def _stacked_medians(medians: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor | None:
+    """Single frames' medians [T + S - 1, B] as the stacks' [T, B, S] (0 where keep is False)."""
+    if medians is None:
+        return None
+    return medians.unfold(0, keep.shape[-1], 1).float() * keep
 
 
 class FrameConv2d(nn.Conv2d):
