@@ -101,7 +101,7 @@ def test_independent_games_play_a_vectors_frames_and_idle_where_told():
     np.testing.assert_array_equal(vector.reset(), independent.reset())
     rng = np.random.default_rng(1)
     ends = 0
-    for _ in range(400):
+    for _ in range(250):
         actions = rng.integers(0, 18, 3)
         a, b = vector.step(actions), independent.step(actions)
         for field in ("obs", "reward", "done", "truncated", "life_lost"):
@@ -115,9 +115,9 @@ def test_independent_games_play_a_vectors_frames_and_idle_where_told():
     last = independent.reset(seed=11)[1]
     alone.reset(seed=12)
     playing = np.array([True, False, True])
-    for t in range(120):
+    for t in range(80):
         actions = rng.integers(0, 18, 3)
-        idle = 40 <= t < 70
+        idle = 30 <= t < 50
         result = independent.step(actions, playing if idle else None)
         if idle:
             assert result.reward[1] == 0 and not result.done[1] and not result.life_lost[1]
