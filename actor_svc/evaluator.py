@@ -128,8 +128,9 @@ def forward_rows(net: torch.nn.Module, obs: np.ndarray, inputs: CoreInputs, extr
     """lbc.acting.forward for the environments at `rows` alone, laid out for all E: the others' advantages and
     values zero, their recurrent state as it was. The rows' outputs equal those of a pass over all E up to float
     rounding (a smaller batch may sum in another order)."""
+    index = torch.as_tensor(rows, device=inputs.state[0].device)
     part = CoreInputs(inputs.prev_action[rows], inputs.prev_reward[rows], inputs.reset[rows],
-                      tuple(s[torch.as_tensor(rows, device=s.device)] for s in inputs.state))
+                      tuple(s[index] for s in inputs.state))
     out = forward(net, obs[rows], part, None if extra is None else extra[:, rows])
     num_envs = len(inputs.reset)
     adv = out.adv.new_zeros((out.adv.shape[0], num_envs, *out.adv.shape[2:]))
@@ -137,7 +138,7 @@ def forward_rows(net: torch.nn.Module, obs: np.ndarray, inputs: CoreInputs, extr
     adv[:, rows], value[:, rows] = out.adv, out.value
     state = tuple(s.clone() for s in inputs.state)
     for whole, new in zip(state, out.state, strict=True):
-        whole[torch.as_tensor(rows, device=whole.device)] = new
+        whole[index] = new
     return NetOutput(adv=adv, value=value, state=state)
 
 

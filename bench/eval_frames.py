@@ -21,7 +21,7 @@ from actor_svc.evaluator import eval_env_config, evaluation_envs, play
 from bench.throughput import allocate_as_services, describe_machine
 from lbc.acting import acting_agent, evaluation_policy
 from lbc.agents import make_acting
-from lbc.envs import make_envs
+from lbc.envs import env_spec, make_envs
 from lbc.nets import policy_net
 from lbc.run_folder import find_checkpoint, load_config_of
 
@@ -42,7 +42,7 @@ def main() -> int:
     cfg = load_config_of(args.run, "bench.eval_frames")
     path, state = find_checkpoint(args.run, args.version, "bench.eval_frames")
     ec = cfg.eval
-    spec = make_envs(cfg.env, 1, 0).spec
+    spec = env_spec(cfg.env)
     agent = acting_agent(cfg, spec.obs_shape, spec.num_actions)
     agent.load_state_dict(state["model"])
     net = policy_net(agent)

@@ -111,11 +111,16 @@ def _pixels(frames: torch.Tensor, medians: torch.Tensor | None) -> tuple[torch.T
     """uint8 frames [..., H, W] in pixel_dtype, and the medians [...] the first convolution still has to fold in:
     in bfloat16 centred frames come as x - m (exact there) and no medians are left."""
     dtype = pixel_dtype(frames.device.type)
-    if medians is None or dtype != torch.bfloat16:
+    if not _centred_in_bfloat16(medians, dtype):
         return frames.to(dtype), medians
     centred = frames.to(torch.int16)   # in int16: a broadcast subtraction in bfloat16 is 3x slower
     centred.sub_(medians.to(torch.int16)[..., None, None])
     return centred.to(dtype), None
+
+
+def _centred_in_bfloat16(medians: torch.Tensor | None, dtype: torch.dtype) -> bool:
+    """Whether _pixels centres the frames itself (x - m in bfloat16) rather than converting them as they are."""
+    return medians is not None and dtype == torch.bfloat16
 
 
 def read_frame_sequences(frames: torch.Tensor, stack_start: torch.Tensor, centre: bool, by_sort: bool = False,
@@ -135,19 +140,10 @@ def read_frame_sequences(frames: torch.Tensor, stack_start: torch.Tensor, centre
     keep = stack_keep(stack_start.transpose(0, 1), stack).transpose(0, 1)   # [T, B, S]
     # each frame's median [T + S - 1, B]
     medians = frame_medians(frames, by_sort) if centre else None
-    if frames.device.type == "cpu" and (medians is None or pixel_dtype("cpu") != torch.bfloat16):
-        # the pixels are the frames converted: the uint8 frames are stacked in the output's layout, a quarter of
-        # float32's bytes, and converted in one pass over contiguous memory (stacking float32 pixels in a
-        # channels-last layout took a third longer: 46 against 34 ms for an `impala` batch on a 2-core AVX2 host)
-        uint8_stacks = torch.stack([frames[k:k + steps] for k in range(stack)],
-                                   dim=-1 if memory_format == torch.channels_last else 2)
-        if memory_format == torch.channels_last:
-            uint8_stacks = uint8_stacks.permute(0, 1, 4, 2, 3)
-        t, b, k = keep.logical_not().nonzero(as_tuple=True)
-        uint8_stacks[t, b, k] = 0
-        return Frames(uint8_stacks.to(pixel_dtype("cpu")), _stacked_medians(medians, keep))
+    dtype = pixel_dtype(frames.device.type)
+    if frames.device.type == "cpu" and not _centred_in_bfloat16(medians, dtype):
+        return Frames(_uint8_stacks(frames, keep, memory_format).to(dtype), _stacked_medians(medians, keep))
     pixels, medians = _pixels(frames, medians)
-    dtype = pixels.dtype
     batch, height, width = frames.shape[1:]
     if memory_format == torch.channels_last:
         out = torch.empty((steps, batch, height, width, stack), dtype=dtype, device=frames.device)
@@ -168,6 +164,21 @@ def read_frame_sequences(frames: torch.Tensor, stack_start: torch.Tensor, centre
         for k in range(stack):
             torch.mul(pixels[k:k + steps], mask[:, :, k], out=out[:, :, k])
     return Frames(out, _stacked_medians(medians, keep))
+
+
+def _uint8_stacks(frames: torch.Tensor, keep: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
+    """uint8 frames [T + S - 1, B, H, W] as the stacks [T, B, S, H, W] in `memory_format`, 0 where keep is False.
+    On a CPU, where the pixels are the frames converted, the stacks are built in uint8 (a quarter of float32's
+    bytes) and converted in one pass over contiguous memory: stacking float32 pixels into a channels-last layout
+    took a third longer (46 against 34 ms for an `impala` batch on a 2-core AVX2 host)."""
+    steps, stack = keep.shape[0], keep.shape[-1]
+    channels_last = memory_format == torch.channels_last
+    stacks = torch.stack([frames[k:k + steps] for k in range(stack)], dim=-1 if channels_last else 2)
+    if channels_last:
+        stacks = stacks.permute(0, 1, 4, 2, 3)
+    t, b, k = keep.logical_not().nonzero(as_tuple=True)
+    stacks[t, b, k] = 0
+    return stacks
 
 
 def _stacked_medians(medians: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor | None:
