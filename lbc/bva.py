@@ -27,6 +27,29 @@ import numpy as np
 from lbc.bandit import Choice
 
 
+def tile_values(w: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """V_i = 1/(2 width + 1) sum_{k=i-width}^{i+width} w_k (eq. 9), the window cut at the ends of the tile
+    range and averaged over the tiles it covers: for one bandit's [K] weights (width a scalar array) or an
+    ensemble's [M, K] (width [M]), as differences of a cumulative sum."""
+    num_tiles = w.shape[-1]
+    cum = np.concatenate([np.zeros(w.shape[:-1] + (1,)), np.cumsum(w, axis=-1)], axis=-1)
+    tiles = np.arange(num_tiles)
+    width = width[..., None]
+    lo, hi = np.maximum(0, tiles - width), np.minimum(num_tiles, tiles + width + 1)
+    lo, hi = np.broadcast_to(lo, w.shape), np.broadcast_to(hi, w.shape)
+    return (np.take_along_axis(cum, hi, axis=-1) - np.take_along_axis(cum, lo, axis=-1)) / (hi - lo)
+
+
+def tile_scores(w: np.ndarray, n: np.ndarray, width: np.ndarray, ucb_c: float, normalise: bool) -> np.ndarray:
+    """(V_i - mean V) / std V + c sqrt(log(1 + sum N) / (1 + N_i)) (eq. 11), each bandit's row on its own;
+    std V = 0 leaves the normalised value at 0 (docs/decisions.md 19)."""
+    v = tile_values(w, width)
+    if normalise:
+        std = v.std(axis=-1, keepdims=True)
+        v = np.where(std > 1e-12, (v - v.mean(axis=-1, keepdims=True)) / np.where(std > 1e-12, std, 1.0), 0.0)
+    return v + ucb_c * np.sqrt(np.log1p(n.sum(axis=-1, keepdims=True)) / (1.0 + n))
+
+
 @dataclass
 class TileBandit:
     mode: Literal["argmax", "random"]
@@ -54,11 +77,8 @@ class TileBandit:
         return slice(max(0, i - self.width), min(self.num_tiles, i + self.width + 1))
 
     def values(self) -> np.ndarray:
-        """V_i for every tile (eq. 9), as differences of a cumulative sum."""
-        cum = np.concatenate([[0.0], np.cumsum(self.w)])
-        tiles = np.arange(self.num_tiles)
-        lo, hi = np.maximum(0, tiles - self.width), np.minimum(self.num_tiles, tiles + self.width + 1)
-        return (cum[hi] - cum[lo]) / (hi - lo)
+        """V_i for every tile (eq. 9)."""
+        return tile_values(self.w, np.asarray(self.width))
 
     def update(self, x: float, g: float) -> None:
         """Eq. 10 for one episode played at x with return g."""
@@ -71,15 +91,12 @@ class TileBandit:
 
     def scores(self) -> np.ndarray:
         """Eq. 11."""
-        v = self.values()
-        if self.normalise:
-            std = v.std()
-            v = (v - v.mean()) / std if std > 1e-12 else np.zeros_like(v)
-        return v + self.ucb_c * np.sqrt(np.log1p(self.n.sum()) / (1.0 + self.n))
+        return tile_scores(self.w, self.n, np.asarray(self.width), self.ucb_c, self.normalise)
 
-    def propose(self, rng: np.random.Generator) -> np.ndarray:
-        """d candidate x values (one per chosen tile, uniform inside it)."""
-        scores = self.scores()
+    def propose(self, rng: np.random.Generator, scores: np.ndarray | None = None) -> np.ndarray:
+        """d candidate x values (one per chosen tile, uniform inside it); `scores` where the ensemble has
+        taken them for all its bandits at once."""
+        scores = self.scores() if scores is None else scores
         d = min(self.candidates, self.num_tiles)
         if self.mode == "argmax":
             order = rng.permutation(self.num_tiles)                 # ties broken at random
@@ -115,7 +132,10 @@ class BanditsVote:
         self.episodes = 0
 
     def select(self) -> float:
-        pool = np.concatenate([b.propose(self.rng) for b in self.bandits])
+        bandits = self.bandits
+        scores = tile_scores(np.stack([b.w for b in bandits]), np.stack([b.n for b in bandits]),
+                             np.array([b.width for b in bandits]), bandits[0].ucb_c, bandits[0].normalise)
+        pool = np.concatenate([b.propose(self.rng, row) for b, row in zip(bandits, scores, strict=True)])
         return float(pool[self.rng.integers(len(pool))])
 
     def update(self, x: float, g: float) -> None:

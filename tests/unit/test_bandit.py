@@ -57,6 +57,39 @@ def test_top_d_takes_highest_scores():
     assert len(top_d(np.array([1.0, 2.0]), 4, rng)) == 2
 
 
+def _population_state(rng: np.random.Generator, size: int = 7, arms: int = 12) -> tuple[np.ndarray, ...]:
+    """Counts and sums as a population has them: rows with no arm visited, with one (std 0), with many."""
+    counts = rng.integers(0, 4, size=(size, arms)).astype(float)
+    counts[0] = 0.0
+    counts[1] = 0.0
+    counts[1, 5] = 3.0
+    sums = np.where(counts > 0, rng.normal(size=(size, arms)) * counts, 0.0)
+    return sums, counts, rng.uniform(0.5, 1.5, size)
+
+
+@pytest.mark.parametrize("normalise", [True, False])
+def test_population_scores_are_each_bandits_own(normalise):
+    """A population's [P, K] scores in one pass equal each bandit's [K] scored alone (eq. 24/25 per row)."""
+    sums, counts, c = _population_state(np.random.default_rng(0))
+    together = ucb_scores(sums, counts, c, normalise)
+    alone = np.stack([ucb_scores(sums[i], counts[i], float(c[i]), normalise) for i in range(len(c))])
+    np.testing.assert_allclose(together, alone, rtol=1e-12, atol=1e-12)
+
+
+def test_population_proposals_equal_each_bandits_top_d_in_turn():
+    """[P, K] scores give each row's top-D with the random tie-breaks P draws in turn would give."""
+    scores = np.round(np.random.default_rng(1).normal(size=(7, 12)), 1)   # rounded: many ties
+    together = top_d(scores, 4, np.random.default_rng(2))
+    rng = np.random.default_rng(2)
+    np.testing.assert_array_equal(together, np.stack([top_d(row, 4, rng) for row in scores]))
+    sums, counts, c = _population_state(np.random.default_rng(3))
+    pop = BanditPopulation(12, 7, (0.5, 1.5), 4, replace_every=50, normalise=True, rng=np.random.default_rng(4))
+    pop.sums, pop.counts, pop.c = sums, counts, c
+    rng = np.random.default_rng(5)
+    one_by_one = np.stack([top_d(ucb_scores(sums[i], counts[i], float(c[i]), True), 4, rng) for i in range(7)])
+    np.testing.assert_array_equal(pop.propose(np.random.default_rng(5)), one_by_one)
+
+
 def test_population_learns_the_best_arm():
     rng = np.random.default_rng(0)
     pop = BanditPopulation(5, 7, (0.5, 1.5), 2, replace_every=10_000, normalise=True, rng=rng)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from lbc.bva import BanditsVote, BvaController, TileBandit, inverse_temperature
+from lbc.bva import BanditsVote, BvaController, TileBandit, inverse_temperature, tile_scores
 
 
 def bandit(mode: str = "argmax", width: int = 1, lr: float = 0.1, d: int = 2) -> TileBandit:
@@ -42,6 +42,21 @@ def test_scores_by_hand() -> None:
     v = (b.w - 2.0) / np.sqrt(2.0)                     # mean 2, population std sqrt(2)
     bonus = np.sqrt(math.log(1 + 4) / (1 + b.n))
     np.testing.assert_allclose(b.scores(), v + bonus)
+
+
+@pytest.mark.parametrize("normalise", [True, False])
+def test_an_ensembles_scores_in_one_pass_are_each_bandits_own(normalise: bool) -> None:
+    """Bandits of different widths scored together ([M, K] weights, widths [M]) get each one's eq. 11
+    row, a bandit that has learned nothing (std V = 0) included."""
+    rng = np.random.default_rng(0)
+    bandits = [TileBandit(mode="argmax", low=0.0, high=2.0, acc=0.2, width=width, lr=0.1, candidates=3,
+                          normalise=normalise) for width in (0, 1, 2, 3, 1)]
+    for b in bandits[1:]:
+        b.w, b.n = rng.normal(size=b.num_tiles), rng.integers(0, 5, size=b.num_tiles).astype(float)
+    together = tile_scores(np.stack([b.w for b in bandits]), np.stack([b.n for b in bandits]),
+                           np.array([b.width for b in bandits]), 1.0, normalise)
+    np.testing.assert_allclose(together, np.stack([b.scores() for b in bandits]), rtol=1e-12, atol=1e-12)
+    assert np.allclose(together[0], together[0, 0])   # nothing learned: every tile alike
 
 
 def test_argmax_mode_proposes_the_top_tiles_inside_them() -> None:
