@@ -413,12 +413,20 @@ def apply_machine_defaults(args: argparse.Namespace, gpu: bool) -> None:
         args.actor_scaling = "1,2,4,8,12" if paper_on_gpu else ""
 
 
+def preset_config(preset: str, game: str | None, overrides: list[str]) -> tuple[Config, str]:
+    """The preset's configuration with `game` (None: the preset's own) and the overrides, and the name of the game
+    to pass to the launcher's --game. Raises ValueError (pydantic's ValidationError among them) naming the field."""
+    cfg = load_config(preset, [*([f"env.game={game}"] if game else []), *overrides])
+    return cfg, game or ("catch" if cfg.env.kind == "catch" else cfg.env.game)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="default: lbc-bm (the paper's scale) where a GPU is visible, else cpu")
-    parser.add_argument("--game", default="pong")
+    parser.add_argument("--game", default=None, help="default: the preset's own (pong for the Atari presets, "
+                        "breakout for minatar, catch for catch)")
     parser.add_argument("--actors", type=int, help="default: 12 for lbc-bm on a GPU, else as many as the "
                         "stages say keep the cores busy at the ceiling (1 for cpu, 2 for impala on 2 cores)")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
@@ -501,7 +509,10 @@ def main() -> int:
     allocate_as_services("bench.throughput")
     apply_machine_defaults(args, torch.cuda.is_available())
 
-    cfg = load_config(args.preset, [f"env.game={args.game}", *args.overrides])
+    try:
+        cfg, args.game = preset_config(args.preset, args.game, args.overrides)
+    except ValueError as exc:   # pydantic's ValidationError is one
+        parser.error(str(exc))
     torch.set_num_threads(1)
     machine = describe_machine()
     print(f"machine: {machine}, {args.cores} cores, torch {torch.__version__}; "

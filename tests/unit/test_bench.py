@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bench.throughput import build_parser, ceiling_rate, describe_cpu, precision_lever
+from bench.throughput import build_parser, ceiling_rate, describe_cpu, precision_lever, preset_config
 from lbc.config import load_config
 
 
@@ -352,3 +352,15 @@ def test_a_split_whose_rest_is_below_zero_says_the_system_was_still_starting():
                                                                         "the rest": -12.0})
     assert "45.0 in all" in line and "still starting" in line
     assert "still starting" not in split_line("an actor's loop", "x", {"games": 20.0, "the rest": 1.0})
+
+
+def test_the_bench_plays_the_presets_own_game_unless_told_and_names_a_bad_one():
+    """Without --game each preset measures its own game (the launcher's --game gets a name it takes); a game
+    the preset's kind does not have is a ValueError naming it, which main() turns into a usage error."""
+    assert preset_config("cpu", None, [])[1] == "pong"
+    cfg, game = preset_config("minatar", None, [])
+    assert (cfg.env.kind, game) == ("minatar", "breakout")
+    assert preset_config("catch", None, [])[1] == "catch"
+    assert preset_config("cpu", "breakout", [])[0].env.game == "breakout"
+    with pytest.raises(ValueError, match="env.game|MinAtar game"):
+        preset_config("minatar", "pong", [])
