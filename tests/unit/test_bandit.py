@@ -67,11 +67,28 @@ def _population_state(rng: np.random.Generator, size: int = 7, arms: int = 12) -
     return sums, counts, rng.uniform(0.5, 1.5, size)
 
 
+def _ucb_by_loop(sums: np.ndarray, counts: np.ndarray, c: float, normalise: bool) -> list[float]:
+    """Eq. 23-25 for one bandit, arm by arm in plain Python: V the mean return of a visited arm, 0 otherwise;
+    normalised by the visited arms' mean and population std (a std of 0 divides by 1)."""
+    visited = [k for k in range(len(counts)) if counts[k] > 0]
+    v = [sums[k] / counts[k] if counts[k] > 0 else 0.0 for k in range(len(counts))]
+    if normalise and visited:
+        mean = sum(v[k] for k in visited) / len(visited)
+        std = math.sqrt(sum((v[k] - mean) ** 2 for k in visited) / len(visited))
+        std = std if std > 1e-8 else 1.0
+        v = [(v[k] - mean) / std if counts[k] > 0 else 0.0 for k in range(len(counts))]
+    total = sum(counts)
+    return [v[k] + c * math.sqrt(math.log(1.0 + total) / (1.0 + counts[k])) for k in range(len(counts))]
+
+
 @pytest.mark.parametrize("normalise", [True, False])
 def test_population_scores_are_each_bandits_own(normalise):
-    """A population's [P, K] scores in one pass equal each bandit's [K] scored alone (eq. 24/25 per row)."""
+    """A population's [P, K] scores in one pass equal each bandit's scored alone, against a plain loop over the
+    arms (rows with no arm visited and with one, whose std is 0, included) and the one-bandit path."""
     sums, counts, c = _population_state(np.random.default_rng(0))
     together = ucb_scores(sums, counts, c, normalise)
+    by_loop = np.array([_ucb_by_loop(sums[i], counts[i], float(c[i]), normalise) for i in range(len(c))])
+    np.testing.assert_allclose(together, by_loop, rtol=1e-12, atol=1e-12)
     alone = np.stack([ucb_scores(sums[i], counts[i], float(c[i]), normalise) for i in range(len(c))])
     np.testing.assert_allclose(together, alone, rtol=1e-12, atol=1e-12)
 
