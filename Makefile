@@ -19,7 +19,7 @@ IMAGE       ?= localhost/lbc:0.1.0$(if $(filter gpu,$(VARIANT)),-gpu,)
 BASE        ?= localhost/debian-python:bookworm
 IMAGE_DIR   := build/image
 
-.PHONY: help run curve test test-extended test-fast bench soak lint proto install clean image image-smoke base-image wheelhouse test-tools
+.PHONY: help run curve test test-extended test-fast bench soak lint proto install bytecode clean image image-smoke base-image wheelhouse test-tools
 
 help:
 	@echo "make run     train on this machine: PRESET=$(PRESET) GAME=$(GAME) ACTORS=$(ACTORS) NAME=$(NAME) ARGS='...'"
@@ -49,6 +49,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(UV_INSTALL) --compile-bytecode -c constraints.txt -e '.[dev]' || $(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+# The project's own modules compiled once: where PYTHONDONTWRITEBYTECODE is set (this machine kind sets it) every
+# process would compile them again on starting, and a test run starts hundreds (each service of each system run).
+# Incremental: only sources changed since the last compile are compiled again.
+bytecode: install
+	$(PY) -m compileall -q lbc actor_svc learner_svc replay_svc bandit_svc bench lbcproto >/dev/null
+
 proto: $(PROTO_OUT)
 
 $(PROTO_OUT): proto/lbcproto/lbc.proto $(STAMP)
@@ -57,7 +63,7 @@ $(PROTO_OUT): proto/lbcproto/lbc.proto $(STAMP)
 	# the editable install maps only packages that existed when it ran: map the generated one too
 	$(UV_INSTALL) --no-deps -e . || $(PY) -m pip install -q --no-deps -e .
 
-run: install
+run: bytecode
 	$(PY) -m lbc.launch --preset $(PRESET) --game $(GAME) --actors $(ACTORS) --name $(NAME) $(ARGS)
 
 # A learning curve: the whole system (with its evaluator) for FRAMES emulator frames, the final checkpoint
@@ -75,12 +81,12 @@ test-tools:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus)
 	@command -v kubectl >/dev/null || (echo "kubectl (with kustomize) is needed by tests/deploy" >&2; exit 1)
 
-test: install test-tools
+test: bytecode test-tools
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -m "not extended" --durations=15 tests
 
 # Preset learning runs whose code the runs in make test already cover (docs/decisions.md 47): about eight minutes.
-test-extended: install
+test-extended: bytecode
 	$(PY) -m pytest -q -m extended tests
 
 # The inner loop: lint and the unit tests not marked slow (about a minute); make test is what CI runs.
