@@ -69,7 +69,7 @@ run: bytecode
 # A learning curve: the whole system (with its evaluator) for FRAMES emulator frames, the final checkpoint
 # evaluated as the evaluator does (the score at the budget), then the report (runs/curve-PRESET-GAME.png
 # and .md beside the run folder).
-curve: install
+curve: bytecode
 	$(PY) -m lbc.launch --preset $(PRESET) --game $(GAME) --actors $(ACTORS) --name curve-$(NAME) \
 	  --until-frames $(FRAMES) $(ARGS)
 	$(VENV)/bin/lbc evaluate runs/curve-$(NAME)
@@ -94,12 +94,12 @@ test-fast: install
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -m "not slow" tests/unit
 
-bench: install
+bench: bytecode
 	$(PY) -m bench.throughput $(if $(filter file,$(origin PRESET)),,--preset $(PRESET)) --game $(GAME) --levers --profile \
 		--out runs/bench/$$(date +%Y%m%d-%H%M%S) $(ARGS)
 
 # Memory over time: Catch for MINUTES minutes, each service's RSS slope in MB/min (not part of make test).
-soak: install
+soak: bytecode
 	$(PY) -m bench.soak --minutes $(MINUTES) $(ARGS)
 
 # A Debian bookworm base with Python 3.11, made locally (no registry needed): debootstrap + podman import.

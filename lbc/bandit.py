@@ -37,7 +37,7 @@ def ucb_scores(sums: np.ndarray, counts: np.ndarray, c: float | np.ndarray, norm
         deviation = np.where(visited, values - mean, 0.0)
         std = np.sqrt(np.square(deviation).sum(axis=-1, keepdims=True) / num_visited)
         values = deviation / np.where(std > 1e-8, std, 1.0)           # no arm visited: all 0
-    c = np.asarray(c, dtype=float)[..., None] if counts.ndim > 1 else c
+    c = np.asarray(c, dtype=float)[..., None]   # a population's [P] against its [P, K]; a scalar as [1]
     bonus = c * np.sqrt(np.log(1.0 + counts.sum(axis=-1, keepdims=True)) / (1.0 + counts))
     return values + bonus
 

@@ -46,7 +46,7 @@ def tile_scores(w: np.ndarray, n: np.ndarray, width: np.ndarray, ucb_c: float, n
     v = tile_values(w, width)
     if normalise:
         std = v.std(axis=-1, keepdims=True)
-        v = np.where(std > 1e-12, (v - v.mean(axis=-1, keepdims=True)) / np.where(std > 1e-12, std, 1.0), 0.0)
+        v = np.where(std > 1e-12, (v - v.mean(axis=-1, keepdims=True)) / np.maximum(std, 1e-12), 0.0)
     return v + ucb_c * np.sqrt(np.log1p(n.sum(axis=-1, keepdims=True)) / (1.0 + n))
 
 
