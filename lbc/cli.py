@@ -19,7 +19,7 @@ from prometheus_client import Counter, Gauge
 
 from lbc import kube
 from lbc.scaling import Autoscaler, ReplayRates, ScalePolicy, parse_replay_metrics
-from lbc.service import setup_logging, start_metrics, stop_event
+from lbc.service import setup_logging, start_metrics, stdout_gone, stop_event
 
 DESIRED = Gauge("lbc_autoscaler_replicas", "Actor replicas the autoscaler last saw or set")
 TARGET = Gauge("lbc_autoscaler_balanced_replicas", "Balanced actor count n* from replay's rates")
@@ -265,6 +265,15 @@ def show_config(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return run_command(args)
+    except BrokenPipeError:   # `lbc config show | head`: the reader has all it wanted
+        stdout_gone()
+        return 1
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """The subcommand `args` name."""
     if args.command == "scale":
         return scale(args)
     if args.command == "health":

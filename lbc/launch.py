@@ -34,7 +34,7 @@ from lbc.family import family_traits
 from lbc.preflight import PreflightError, check_game, check_ports, check_run_dir, local_ports
 from lbc.run_folder import last_record
 from lbc.scores import human_normalised
-from lbc.service import LAUNCHER_PID_VAR
+from lbc.service import LAUNCHER_PID_VAR, stdout_gone
 from lbc.tensorboard import TensorBoardLog
 
 # What every service process gets unless the caller's environment sets it (the image sets the same):
@@ -357,9 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return supervise(args, cfg, name, game, run_dir, children, lambda: stopping)
     except BrokenPipeError:
-        # the terminal or pipe reading the progress went away: stop quietly, like a closed terminal
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        stdout_gone()   # the terminal or pipe reading the progress went away: stop quietly, like a closed terminal
         return 1
     finally:
         shutdown(children)

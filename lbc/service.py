@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import logging
 import os
@@ -64,6 +65,13 @@ def exit_service(code: int) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)
+
+
+def stdout_gone() -> None:
+    """After a BrokenPipeError (the pipe reading our output closed, as `| head` does): point stdout at /dev/null so
+    that the interpreter's last flush at exit raises nothing more, and the command ends without a traceback."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def stop_event() -> threading.Event:

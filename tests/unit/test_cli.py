@@ -78,3 +78,12 @@ def test_the_launcher_the_bandit_and_replay_run_without_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_command_without_a_traceback():
+    # `lbc config show | head -1`: the read end closes before the command writes; it gets EPIPE on its first write
+    proc = subprocess.Popen([sys.executable, "-m", "lbc.cli", "config", "show", "--preset", "impala"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 1 and "Traceback" not in err and "BrokenPipe" not in err, err
