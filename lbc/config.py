@@ -101,9 +101,10 @@ class NetConfig(_Section):
                                                    "torso, so a bright background does not move with every "
                                                    "weight of the first convolution (docs/decisions.md 34); "
                                                    "vector observations go in as they come")
-    init: Literal["torch", "orthogonal"] = Field(
-        "torch", description="torso weights: torch's default, or orthogonal with the ReLU gain sqrt(2) and zero "
-                             "biases (features ~20x larger at the start; docs/decisions.md 34)")
+    init: Literal["torch", "orthogonal", "sonnet"] = Field(
+        "torch", description="torso weights: torch's default, orthogonal with the ReLU gain sqrt(2) and zero "
+                             "biases (features ~20x larger at the start; docs/decisions.md 34), or Sonnet 1's, "
+                             "which IMPALA's code used (normal of std 1/sqrt(fan_in) cut at 2 std, zero biases)")
 
 
 class BehaviourConfig(_Section):
@@ -172,7 +173,9 @@ class ReplayConfig(_Section):
 
 class LearnerConfig(_Section):
     batch_size: int = Field(16, ge=1)
-    optimiser: Literal["adamw", "rmsprop"] = Field("adamw", description="adamw (LBC Table 3) or rmsprop (IMPALA)")
+    optimiser: Literal["adamw", "rmsprop", "rmsprop_tf"] = Field(
+        "adamw", description="adamw (LBC Table 3), rmsprop (torch's) or rmsprop_tf (TensorFlow 1's, which IMPALA's "
+                             "code used: mean square from 1, eps inside the root; lbc.optimisers)")
     learning_rate: float = Field(5.3e-4, gt=0.0)
     warmup_steps: int = Field(4000, ge=0)
     anneal_steps: int = Field(1_000_000, ge=1, description="lr and weight decay reach 0 here")

@@ -302,6 +302,23 @@ def init_relu_layers(module: nn.Module) -> nn.Module:
     return module
 
 
+def init_sonnet_layers(module: nn.Module) -> nn.Module:
+    """Sonnet 1's defaults, which IMPALA's code built its networks with, for every convolution and linear layer in
+    `module`: weights from a normal of std 1 / sqrt(fan_in) truncated at two std (fan_in = kernel area x input
+    channels for a convolution), zero biases. torch's default draws U(-1, 1) / sqrt(fan_in) (std 0.58 / sqrt(fan_in))
+    and random biases too."""
+    for layer in module.modules():
+        if isinstance(layer, (nn.Conv2d, nn.Linear)):
+            std = layer.weight[0].numel() ** -0.5   # one output's weights: fan_in
+            nn.init.trunc_normal_(layer.weight, std=std, a=-2 * std, b=2 * std)
+            nn.init.zeros_(layer.bias)
+    return module
+
+
+# net.init: how the torso's layers are drawn besides torch's default (their reset_parameters)
+TORSO_INITS = {"orthogonal": init_relu_layers, "sonnet": init_sonnet_layers}
+
+
 def dead_units(module: nn.Module, x: torch.Tensor) -> dict[str, float]:
     """For each nn.ReLU in `module` (by its name there), the fraction of its units that are not positive
     on any of the inputs `x`: a convolution's unit is a channel (at any position), a linear layer's a
@@ -515,15 +532,15 @@ class LBCNet(nn.Module):
         if problem:
             raise ValueError(problem)
         self.torso: nn.Module = TORSOS[resolve_torso(torso, obs_shape)](obs_shape, hidden)
-        if init not in ("torch", "orthogonal"):
+        if init != "torch" and init not in TORSO_INITS:
             raise ValueError(f"unknown init {init!r}")
         self.init = init
         self.centre_frames = centre_frames
         self.median_by_sort = False   # lbc.export sets it (set_median_by_sort): ONNX has no median
         if isinstance(self.torso, _ConvTorso):
             self.torso.convs[0].centre = centre_frames
-        if init == "orthogonal":
-            init_relu_layers(self.torso)
+        if init in TORSO_INITS:
+            TORSO_INITS[init](self.torso)
         if core == "feedforward":
             self.core: nn.Module = FeedForwardCore(hidden)
             core_out = hidden
@@ -572,8 +589,8 @@ class LBCNet(nn.Module):
 
     def _reinit(self, layer: nn.Module) -> None:
         """Draw a torso layer's weights as at construction (net.init)."""
-        if self.init == "orthogonal":
-            init_relu_layers(layer)
+        if self.init in TORSO_INITS:
+            TORSO_INITS[self.init](layer)
         else:
             layer.reset_parameters()
 

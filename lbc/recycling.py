@@ -87,7 +87,9 @@ def recycle(links: list[Link], scores: list[torch.Tensor], tau: float, optimiser
 
 
 def _zero_moments(optimiser: torch.optim.Optimizer, param: torch.Tensor, index: torch.Tensor | tuple) -> None:
-    """Zero the optimiser's running statistics (Adam's moments, RMSProp's square average) at `index`."""
-    for value in optimiser.state.get(param, {}).values():
+    """Restart the optimiser's running statistics (Adam's moments, RMSProp's square average) at `index`: zero, or
+    the value the optimiser starts them at where it names one (`initial_state`: TensorFlow's RMSProp, 1)."""
+    initial = getattr(optimiser, "initial_state", {})
+    for key, value in optimiser.state.get(param, {}).items():
         if isinstance(value, torch.Tensor) and value.shape == param.shape:
-            value[index] = 0.0
+            value[index] = initial.get(key, 0.0)

@@ -20,6 +20,7 @@ from lbc.devices import compute_precision, pick_device, to_device, to_host, wait
 from lbc.envs import env_spec
 from lbc.frame_stacks import observations_at
 from lbc.nets import LayerNormLSTM, LBCNet, build_agent, policy_net
+from lbc.optimisers import RMSpropTF
 from learner_svc.replicas import ReplicaGroup
 from learner_svc.step_time import timed
 
@@ -62,12 +63,16 @@ def to_time_major(batch: dict[str, np.ndarray], device: torch.device = CPU) -> d
 
 
 def build_optimiser(model: torch.nn.Module, lc: LearnerConfig) -> torch.optim.Optimizer:
-    """RMSProp as torch makes it by default, or AdamW as one fused kernel over all parameters: the same update
-    as torch's default AdamW within float rounding, about 3x less CPU a step on the CPU and one kernel where a
-    GPU ran a dozen list operations (docs/decisions.md 59). A checkpoint keeps the setting it was made with."""
+    """RMSProp as torch makes it or as TensorFlow 1 made it (lbc.optimisers), or AdamW as one fused kernel over all
+    parameters: the same update as torch's default AdamW within float rounding, about 3x less CPU a step on the CPU
+    and one kernel where a GPU ran a dozen list operations (docs/decisions.md 59). A checkpoint keeps the setting it
+    was made with."""
     if lc.optimiser == "rmsprop":
         return torch.optim.RMSprop(model.parameters(), lr=lc.learning_rate, alpha=lc.rmsprop_decay,
                                    eps=lc.rmsprop_eps, momentum=lc.rmsprop_momentum, weight_decay=lc.weight_decay)
+    if lc.optimiser == "rmsprop_tf":
+        return RMSpropTF(model.parameters(), lr=lc.learning_rate, decay=lc.rmsprop_decay, eps=lc.rmsprop_eps,
+                         momentum=lc.rmsprop_momentum, weight_decay=lc.weight_decay)
     return torch.optim.AdamW(model.parameters(), lr=lc.learning_rate, betas=lc.adam_betas, eps=lc.adam_eps,
                              weight_decay=lc.weight_decay, fused=True)
 

@@ -213,6 +213,24 @@ def test_orthogonal_init_keeps_the_scale_of_relu_layers():
     assert ours > 5 * theirs   # torch's default shrinks the features' variation layer by layer
 
 
+def test_sonnet_init_draws_a_normal_of_std_one_over_root_fan_in_cut_at_two_std():
+    # Sonnet 1's default (truncated_normal(stddev=1/sqrt(fan_in)), zero biases): a normal cut at +-2 std keeps
+    # std 0.8796 of the uncut one (1 - 2 * 2 phi(2) / (2 Phi(2) - 1), phi and Phi the standard normal's density
+    # and distribution)
+    torch.manual_seed(0)
+    cfg = load_config("impala", ["net.init=sonnet"])
+    spec = env_spec(cfg.env)
+    net = build_net(cfg, spec.obs_shape, spec.num_actions)
+    fan_ins = {"convs.0": 4 * 8 * 8, "convs.2": 16 * 4 * 4, "fc.0": 32 * 9 * 9}
+    for name, layer in net.torso.named_modules():
+        if name in fan_ins:
+            w = layer.weight.detach()
+            bound = 2 * fan_ins[name] ** -0.5
+            assert w.abs().max() <= bound and not layer.bias.any()
+            assert w.std().item() == pytest.approx(0.8796 * fan_ins[name] ** -0.5, rel=0.05)
+    assert len(fan_ins) == sum(isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)) for m in net.torso.modules())
+
+
 def test_the_learner_counts_dead_units_on_the_batch():
     from learner_svc.training import Trainer
     cfg = load_config("cpu")

@@ -48,7 +48,7 @@ def test_recycling_leaves_the_output_and_the_live_units_alone():
     assert not optimiser.state[net[2].weight]["exp_avg"][:, 1].any()
 
 
-@pytest.mark.parametrize("init", ["torch", "orthogonal"])
+@pytest.mark.parametrize("init", ["torch", "orthogonal", "sonnet"])
 def test_a_blind_small_torso_sees_again(init):
     cfg = load_config("cpu", [f"net.init={init}"])
     spec = env_spec(cfg.env)

@@ -80,9 +80,11 @@ def test_every_target_policy_trains_with_finite_losses(preset):
     assert len(stats.per_policy) == cfg.num_policies
 
 
-def test_checkpoint_round_trip(tmp_path):
-    cfg = load_config("catch", ["learner.warmup_steps=0"])
+@pytest.mark.parametrize("optimiser", ["adamw", "rmsprop_tf"])
+def test_checkpoint_round_trip(tmp_path, optimiser):
+    cfg = load_config("catch", ["learner.warmup_steps=0", f"learner.optimiser={optimiser}"])
     trainer = Trainer(cfg)
+    assert type(trainer.optimiser).__name__ == {"adamw": "AdamW", "rmsprop_tf": "RMSpropTF"}[optimiser]
     batch = _batch(cfg, np.random.default_rng(0))
     for _ in range(3):
         trainer.train_step(batch)
@@ -92,6 +94,8 @@ def test_checkpoint_round_trip(tmp_path):
     assert (counters.step, counters.version, counters.samples) == (3, 1, 96)
     for a, b in zip(trainer.model.parameters(), other.model.parameters(), strict=True):
         torch.testing.assert_close(a, b)
+        for key, value in trainer.optimiser.state[a].items():   # RMSpropTF: the mean square and momentum
+            torch.testing.assert_close(other.optimiser.state[b][key], value)
     other.step = trainer.step
     torch.manual_seed(0)
     s1 = trainer.train_step(batch).loss
