@@ -79,14 +79,14 @@ def recycle(links: list[Link], scores: list[torch.Tensor], tau: float, optimiser
                 link.layer.bias[dormant] = fresh.bias[dormant].to(link.layer.bias.dtype)
             link.consumer[:, columns] = 0.0
         if optimiser is not None:
-            _zero_moments(optimiser, link.layer.weight, dormant)
+            _restart_moments(optimiser, link.layer.weight, dormant)
             if link.layer.bias is not None:
-                _zero_moments(optimiser, link.layer.bias, dormant)
-            _zero_moments(optimiser, link.consumer, (slice(None), columns))
+                _restart_moments(optimiser, link.layer.bias, dormant)
+            _restart_moments(optimiser, link.consumer, (slice(None), columns))
     return counts
 
 
-def _zero_moments(optimiser: torch.optim.Optimizer, param: torch.Tensor, index: torch.Tensor | tuple) -> None:
+def _restart_moments(optimiser: torch.optim.Optimizer, param: torch.Tensor, index: torch.Tensor | tuple) -> None:
     """Restart the optimiser's running statistics (Adam's moments, RMSProp's square average) at `index`: zero, or
     the value the optimiser starts them at where it names one (`initial_state`: TensorFlow's RMSProp, 1)."""
     initial = getattr(optimiser, "initial_state", {})

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lbc.optimisers import RMSpropTF
-from lbc.recycling import _zero_moments
+from lbc.recycling import _restart_moments
 
 
 def _tf_rmsprop_reference(theta: np.ndarray, grads: list[np.ndarray], lr: float, decay: float, eps: float,
@@ -61,7 +61,7 @@ def test_a_recycled_unit_restarts_from_the_optimisers_own_initial_statistics():
     opt = RMSpropTF([param], lr=0.1)
     param.grad = torch.ones(3, 2)
     opt.step()
-    _zero_moments(opt, param, torch.tensor([1]))
+    _restart_moments(opt, param, torch.tensor([1]))
     state = opt.state[param]
     assert torch.equal(state["mean_square"][1], torch.ones(2)) and not state["mom"][1].any()
     assert torch.allclose(state["mean_square"][0], torch.full((2,), 0.99 + 0.01))
