@@ -96,8 +96,11 @@ def test_the_services_pass_replayed_as_cuda_graphs_gives_the_eager_passs_rows():
         requests = [_request(rng, gpu, spec, games) for games in sizes]
         for graphed, eager in zip(batched_forward(gpu, requests, buffers, graphs), batched_forward(gpu, requests),
                                   strict=True):
+            # the padded batch is another shape, for which cuBLAS and cuDNN pick other kernels that sum in
+            # another order: session 45's H200 found one element of 1,280 off by 1.6e-5 (2.8e-4 of it) at
+            # 1e-4/1e-5; a stale parameter or a misplaced row is off by tenths
             for name in eager:
-                np.testing.assert_allclose(graphed[name], eager[name], rtol=1e-4, atol=1e-5)
+                np.testing.assert_allclose(graphed[name], eager[name], rtol=1e-3, atol=1e-4)
     assert len(graphs.graphs) == 2
 
 
