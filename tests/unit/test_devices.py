@@ -264,7 +264,8 @@ def test_frames_read_into_bf16_give_the_loss_and_gradient_of_float32_frames(pres
     one pass instead of a float32 copy that the first convolution then casts. Uncentred (impala-cpu) the
     convolution sees the very values the cast gave, so the loss and gradient are the float32 read's exactly;
     centred (cpu) the convolution of x - m now runs in bfloat16 where it ran in float32, so they agree to
-    bfloat16's precision (measured: terms within 0.8% relative, gradient cosine 0.9999)."""
+    bfloat16's precision (measured: terms within 0.8% relative, 2% on an AMX host where a term nearly
+    cancels, so within 1% of each term's largest value; gradient cosine 0.9999)."""
     import lbc.nets
 
     cfg = load_config(preset, {"env": {"game": "breakout"}, "learner": {"batch_size": 4, "split_batch": 1,
@@ -288,7 +289,11 @@ def test_frames_read_into_bf16_give_the_loss_and_gradient_of_float32_frames(pres
         assert torch.equal(terms16, terms32) and torch.equal(grad16, grad32)
     else:
         assert not torch.equal(grad16, grad32)   # the bfloat16 read did take the other path
-        assert torch.allclose(terms16, terms32, rtol=1e-2, atol=1e-4), (terms32, terms16)
+        # each loss term is a sum of signed parts, so its rounding scales with the parts, not the sum: within 1%
+        # of the term's largest value over the batch (session 45's AMX host: -2.2634 against -2.3083, where 1% of
+        # the term itself did not hold)
+        scale = terms32.abs().amax(dim=0, keepdim=True)
+        assert bool(((terms16 - terms32).abs() <= 1e-2 * scale + 1e-4).all()), (terms32, terms16)
         assert float(torch.nn.functional.cosine_similarity(grad32, grad16, dim=0)) > 0.999
 
 
