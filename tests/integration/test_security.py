@@ -56,25 +56,37 @@ def test_grpc_strangers_are_refused_and_the_run_gets_in(secured):
     assert BanditClient(o["endpoints.bandit"], 2.0, channel_credentials(certs)).select("actor-0").episode_id
 
 
+def _refusable_socket(kind: int, endpoint: str, configure=lambda sock: None) -> zmq.Socket:
+    """A stranger's (or the run's) socket whose sends give up after 2 s. A refused CURVE handshake tears the
+    connection down and ZeroMQ reconnects: caught between the two, a send blocks for want of a peer (one hung a
+    run for 600 s)."""
+    sock = zmq.Context.instance().socket(kind)
+    sock.setsockopt(zmq.LINGER, 500)
+    sock.setsockopt(zmq.SNDTIMEO, 2000)
+    configure(sock)
+    sock.connect(endpoint)
+    return sock
+
+
+def _send_or_refused(sock: zmq.Socket, frames: list) -> bool:
+    """Sends; False when there was no peer to send to within the timeout, which is a refusal as well."""
+    try:
+        sock.send_multipart(frames)
+        return True
+    except zmq.Again:
+        return False
+
+
 def test_zeromq_strangers_are_refused_and_the_run_gets_in(secured):
     o, certs, strangers, cfg = secured["o"], secured["certs"], secured["strangers"], secured["cfg"]
     port = int(o["endpoints.replay_metrics"])
     rng = np.random.default_rng(0)
-    ctx = zmq.Context.instance()
 
     def push(configure) -> None:
-        sock = ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.LINGER, 500)
-        # A refused handshake tears the pipe down; once it is gone a PUSH send blocks for a peer
-        # that never comes, so a stranger's send gives up instead of hanging the test.
-        sock.setsockopt(zmq.SNDTIMEO, 2000)
-        configure(sock)
-        sock.connect(o["endpoints.replay_ingest"])
-        try:
-            for _ in range(5):
-                sock.send_multipart(codec.encode("sequence", _sequence(cfg, rng)))
-        except zmq.Again:
-            pass                                            # refused: nothing to send to
+        sock = _refusable_socket(zmq.PUSH, o["endpoints.replay_ingest"], configure)
+        for _ in range(5):
+            if not _send_or_refused(sock, codec.encode("sequence", _sequence(cfg, rng))):
+                break
         sock.close()
 
     push(lambda s: None)                                    # no CURVE at all
@@ -86,14 +98,8 @@ def test_zeromq_strangers_are_refused_and_the_run_gets_in(secured):
         sock.curve_serverkey = zmq.auth.load_certificate(certs / "curve" / "server.key")[0]
 
     push(known_server_unknown_client)
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.setsockopt(zmq.SNDTIMEO, 2000)                   # as push's: no peer to send to is a refusal too
-    dealer.connect(o["endpoints.replay_serve"])
-    try:
-        dealer.send_multipart(codec.encode("batch_request", {}, meta={"batch_size": "1"}))
-    except zmq.Again:
-        pass
+    dealer = _refusable_socket(zmq.DEALER, o["endpoints.replay_serve"])
+    _send_or_refused(dealer, codec.encode("batch_request", {}, meta={"batch_size": "1"}))
     assert not dealer.poll(2000), "a stranger drew a batch"
     dealer.close()
     assert metric(port, "lbc_replay_inserted_total") == 0, "a stranger's sequences were stored"
@@ -131,16 +137,8 @@ def test_inference_strangers_are_refused_and_the_run_gets_in(secured):
         inputs = CoreInputs(np.zeros(2, np.int64), np.zeros(2, np.float32), np.ones(2, bool),
                             (torch.zeros(2, state_size), torch.zeros(2, state_size)))
         obs = np.zeros((2, *spec.obs_shape), np.uint8)
-        stranger = zmq.Context.instance().socket(zmq.DEALER)
-        stranger.setsockopt(zmq.LINGER, 0)
-        # the refused handshake tears the connection down and ZeroMQ reconnects: caught between the two, a send
-        # blocks for want of a peer (it hung a run for 600 s), and a send that cannot go is refused as well
-        stranger.setsockopt(zmq.SNDTIMEO, 2000)
-        stranger.connect(o["endpoints.inference"])
-        try:
-            stranger.send_multipart(codec.encode(REQUEST, request_arrays(obs, inputs), meta={"id": "1"}))
-        except zmq.Again:
-            pass
+        stranger = _refusable_socket(zmq.DEALER, o["endpoints.inference"])
+        _send_or_refused(stranger, codec.encode(REQUEST, request_arrays(obs, inputs), meta={"id": "1"}))
         assert not stranger.poll(2000), "a stranger was answered"
         stranger.close()
         network = RemoteNetwork(cfg, "actor-0", spec, cfg.num_policies, state_size, threading.Event())
