@@ -226,6 +226,33 @@ class FrameConv2d(nn.Conv2d):
         return self._conv_forward(ones, w, None)
 
 
+class _FlattenChannelsLast(torch.autograd.Function):
+    """x [N, C, H, W] laid out channels-last, flattened in the default (C, H, W) order, with the gradient given
+    back in x's own layout."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> torch.Tensor:
+        ctx.shape = x.shape
+        return x.reshape(x.shape[0], -1)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.reshape(ctx.shape).contiguous(memory_format=torch.channels_last)
+
+
+class Flatten(nn.Flatten):
+    """nn.Flatten (the same values) whose gradient keeps a channels-last input's layout. nn.Flatten's would come
+    back in the default layout, so the ReLU before it would compare a gradient and an output laid out apart: on
+    one CPU core that strided ReLU backward cost 5.8 ms a `cpu` learner step against 1-2 laid out alike, and the
+    convolution's backward would then convert it (docs/speed.md, session 46)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.dim() == 4 and x.requires_grad and torch.is_grad_enabled() and not x.is_contiguous()
+                and x.is_contiguous(memory_format=torch.channels_last)):
+            return _FlattenChannelsLast.apply(x)
+        return super().forward(x)
+
+
 class _ConvTorso(nn.Module):
     """Convolutions, then fc `hidden` + ReLU. The first convolution is a FrameConv2d: the torso reads uint8
     frames as they are stored.
@@ -254,7 +281,7 @@ class SmallTorso(_ConvTorso):
 
     def __init__(self, obs_shape: tuple[int, ...], hidden: int) -> None:
         convs = nn.Sequential(FrameConv2d(obs_shape[0], 16, 8, stride=4), nn.ReLU(),
-                              nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(), nn.Flatten())
+                              nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(), Flatten())
         super().__init__(convs, obs_shape, hidden)
 
 
@@ -263,7 +290,7 @@ class MinAtarTorso(_ConvTorso):
     without its output layer."""
 
     def __init__(self, obs_shape: tuple[int, ...], hidden: int) -> None:
-        super().__init__(nn.Sequential(FrameConv2d(obs_shape[0], 16, 3), nn.ReLU(), nn.Flatten()), obs_shape, hidden)
+        super().__init__(nn.Sequential(FrameConv2d(obs_shape[0], 16, 3), nn.ReLU(), Flatten()), obs_shape, hidden)
 
 
 class _ResBlock(nn.Module):
@@ -288,7 +315,7 @@ class DeepTorso(_ConvTorso):
             layers += [conv(c_in, c_out, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
                        _ResBlock(c_out), _ResBlock(c_out)]
             c_in = c_out
-        super().__init__(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), obs_shape, hidden)
+        super().__init__(nn.Sequential(*layers, nn.ReLU(), Flatten()), obs_shape, hidden)
 
 
 def init_relu_layers(module: nn.Module) -> nn.Module:

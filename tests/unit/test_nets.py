@@ -445,3 +445,44 @@ def test_sequences_gathered_as_rows_are_index_selects_values_in_the_frames_own_l
         assert torch.equal(taken.pixels, pixels.index_select(1, index))
         assert torch.equal(taken.medians, medians.index_select(1, index))
         assert taken.pixels[0].is_contiguous(memory_format=layout)
+
+
+@pytest.mark.parametrize("torso", ["small", "deep", "minatar"])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_torsos_flatten_gives_a_channels_last_gradient_and_the_same_values(torso, bf16):
+    """lbc.nets.Flatten hands a channels-last input its gradient in that layout (nn.Flatten's comes back in the
+    default one, and the ReLU before it paid for the mismatch, docs/speed.md session 46); the torso's output and
+    every parameter's gradient are nn.Flatten's to the bit, in float32 and under bf16 autocast. Where nothing
+    trains, or the input is in the default layout, it is nn.Flatten itself: a view, no copy."""
+    from lbc.nets import TORSOS
+    shape = (7, 10, 10) if torso == "minatar" else (4, 84, 84)
+    torch.manual_seed(0)
+    ours = TORSOS[torso](shape, 32)
+    ours.memory_format = torch.channels_last
+    ours.convs.to(memory_format=torch.channels_last)
+    plain = copy.deepcopy(ours)
+    plain.convs[-1] = torch.nn.Flatten()
+    assert isinstance(ours.convs[-1], nets.Flatten)
+    frames = torch.randint(0, 256, (6, *shape), dtype=torch.uint8)
+    grads = []
+
+    def keep_grad(_module, _inputs, out):
+        out.register_hook(lambda g: grads.append(g))
+
+    results = []
+    for net in (ours, plain):
+        net.convs[-2].register_forward_hook(keep_grad)   # the ReLU before the flatten
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            out = net(frames)
+        out.float().square().sum().backward()
+        results.append((out.detach(), [p.grad for p in net.parameters()]))
+    assert grads[0].is_contiguous(memory_format=torch.channels_last) and not grads[0].is_contiguous()
+    assert grads[1].is_contiguous()   # nn.Flatten's: what the ReLU had to compare against its channels-last output
+    assert torch.equal(results[0][0], results[1][0])
+    for ours_grad, plain_grad in zip(results[0][1], results[1][1], strict=True):
+        assert torch.equal(ours_grad, plain_grad)
+
+    x = torch.randn(3, 8, 5, 5, requires_grad=True)
+    assert nets.Flatten()(x)._base is x                                  # default layout: a view
+    with torch.no_grad():
+        assert nets.Flatten()(x.contiguous(memory_format=torch.channels_last)).grad_fn is None
