@@ -247,7 +247,9 @@ class Flatten(nn.Flatten):
     convolution's backward would then convert it (docs/speed.md, session 46)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.dim() == 4 and x.requires_grad and torch.is_grad_enabled() and not x.is_contiguous()
+        # _FlattenChannelsLast flattens all but the batch axis: nn.Flatten's defaults, the torsos' use
+        if (self.start_dim == 1 and self.end_dim == -1 and x.dim() == 4 and x.requires_grad
+                and torch.is_grad_enabled() and not x.is_contiguous()
                 and x.is_contiguous(memory_format=torch.channels_last)):
             return _FlattenChannelsLast.apply(x)
         return super().forward(x)
