@@ -26,6 +26,7 @@ from lbc.params import load_blob
 from lbc.peers import MAX_BEHAVIOURS_PER_EXCHANGE, MAX_RETURNS_PER_EXCHANGE, BanditClient, ParameterClient
 from lbc.psi import Psi, psi_problem
 from lbc.security import channel_credentials_of, secure_client_socket
+from lbc.sequences import socket_buffer_bytes
 from lbc.service import Backoff
 from lbcproto import lbc_pb2
 
@@ -231,6 +232,7 @@ class SequenceSender:
     def __init__(self, cfg: Config, actor_id: str, stop: threading.Event) -> None:
         self.sock = zmq.Context.instance().socket(zmq.PUSH)
         self.sock.setsockopt(zmq.SNDHWM, 8)
+        self.sock.setsockopt(zmq.SNDBUF, socket_buffer_bytes(cfg))   # held sequences wait here, not in the kernel
         self.sock.setsockopt(zmq.IMMEDIATE, 1)   # queue only to a live connection
         self.sock.setsockopt(zmq.LINGER, 0)
         secure_client_socket(self.sock, cfg)

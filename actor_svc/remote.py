@@ -13,7 +13,6 @@ a step and keeps the service stateless.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 
@@ -58,7 +57,7 @@ def reply_layout(num_policies: int, num_actions: int, state_size: int) -> codec.
 
 def bytes_per_game(layout: codec.Layout) -> int:
     """What one game adds to a message of this layout."""
-    return sum(np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in layout.values())
+    return codec.layout_bytes(layout)
 
 
 def check_message(arrays: dict[str, np.ndarray], layout: codec.Layout, max_games: int) -> int:

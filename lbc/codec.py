@@ -117,6 +117,11 @@ def decode(frames: Sequence[object], *, max_bytes: int, expected_kind: str | Non
 Layout = dict[str, tuple[str, tuple[int, ...]]]
 
 
+def layout_bytes(layout: Layout) -> int:
+    """The bytes of one record's arrays in this layout, a message's header aside."""
+    return sum(np.dtype(dtype).itemsize * math.prod(shape) for dtype, shape in layout.values())
+
+
 def check_layout(arrays: Mapping[str, np.ndarray], layout: Layout, leading: tuple[int, ...] = ()) -> None:
     """Every array of the layout present with its dtype and shape (after `leading` dims), no others."""
     missing = set(layout) - set(arrays)

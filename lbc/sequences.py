@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from lbc.codec import CodecError, Layout, check_layout
+from lbc.codec import CodecError, Layout, check_layout, layout_bytes
 from lbc.config import Config
 from lbc.envs import env_spec
 from lbc.family import family_traits
@@ -67,6 +67,19 @@ def sequence_layout(cfg: Config) -> Layout:
     spec = env_spec(cfg.env)
     return sequence_fields(cfg.sequence.total, spec.obs_shape, cfg.net.lstm, psi_width(cfg.num_components),
                            family_traits(cfg).fields, spec.obs_dtype, cfg.num_policies, spec.frame_stack)
+
+
+# Kernel buffers each side of an actor's connection to replay hold this many sequences (at least 64 KiB).
+SEQUENCES_IN_SOCKET_BUFFERS = 2
+
+
+def socket_buffer_bytes(cfg: Config) -> int:
+    """SO_SNDBUF of an actor's sequence socket and SO_RCVBUF of replay's: room for
+    SEQUENCES_IN_SOCKET_BUFFERS sequences, at least 64 KiB. ZeroMQ's high-water marks count messages in its own
+    queues, but TCP's buffers hold bytes, and Linux grows them to megabytes (tcp_rmem to 32 MiB on the 2-core
+    VM): while replay's rate limiter held an actor, 1.6 KB Catch sequences queued there by the thousand and
+    reached the learner 10-26 versions old, where replay alone makes them 5-8 (docs/decisions.md 79)."""
+    return max(SEQUENCES_IN_SOCKET_BUFFERS * layout_bytes(sequence_layout(cfg)), 1 << 16)
 
 
 def batch_layout(cfg: Config) -> Layout:

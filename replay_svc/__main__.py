@@ -17,7 +17,7 @@ from lbc import codec
 from lbc.config import Config
 from lbc.files import remove_stale_temporaries
 from lbc.security import secure_server_socket
-from lbc.sequences import sequence_layout, stack, validate_sequence
+from lbc.sequences import sequence_layout, socket_buffer_bytes, stack, validate_sequence
 from lbc.service import (
     base_parser,
     config_from_args,
@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = zmq.Context.instance()
     ingest = ctx.socket(zmq.PULL)
     ingest.setsockopt(zmq.RCVHWM, 16)
+    ingest.setsockopt(zmq.RCVBUF, socket_buffer_bytes(cfg))   # what the limiter holds back waits at the actors
     # ZeroMQ bounds each frame, not a message: bound frames by the layout's largest array, so that a
     # message of many frames (one per array is all a sequence has) cannot hold gigabytes before decode
     ingest.setsockopt(zmq.MAXMSGSIZE, min(rc.max_message_bytes, largest_frame_bytes(cfg)))

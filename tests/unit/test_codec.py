@@ -1,13 +1,22 @@
 """The ZeroMQ codec: round trips, and clear rejections of bad messages."""
 
+import threading
+
 import numpy as np
 import pytest
+import zmq
 
-from actor_svc.peers import check_behaviour
+from actor_svc.peers import SequenceSender, check_behaviour
 from lbc import codec
 from lbc.config import load_config
 from lbc.presets import CATCH_SIZING, deep_merge
-from lbc.sequences import sequence_layout, validate_batch, validate_sequence
+from lbc.sequences import (
+    SEQUENCES_IN_SOCKET_BUFFERS,
+    sequence_layout,
+    socket_buffer_bytes,
+    validate_batch,
+    validate_sequence,
+)
 from lbcproto import lbc_pb2
 
 
@@ -111,6 +120,24 @@ def _valid_sequence(cfg):
     k = cfg.num_components
     seq["psi"][:, k:] = 1.0 / k
     return seq
+
+
+@pytest.mark.parametrize("preset", ["cpu", "catch"])
+def test_the_sequence_sockets_hold_two_sequences_in_the_kernel(preset):
+    """layout_bytes counts the bytes of a sequence message's array frames (encoded here), and the actors' and
+    replay's sequence sockets get kernel buffers for two such sequences, 64 KiB at the least: Catch's 1.6 KB
+    sequences get the floor, `cpu`'s Atari ones (33 frames of 84 x 84) twice their size."""
+    cfg = load_config(preset)
+    frames = codec.encode("sequence", _valid_sequence(cfg), sender="actor-0")
+    sent = sum(len(memoryview(frame).cast("B")) for frame in frames[1:])   # the header frame aside
+    assert codec.layout_bytes(sequence_layout(cfg)) == sent
+    assert socket_buffer_bytes(cfg) == max(SEQUENCES_IN_SOCKET_BUFFERS * sent, 65536)
+    assert (socket_buffer_bytes(cfg) == 65536) == (preset == "catch")
+    sender = SequenceSender(cfg, "actor-0", threading.Event())   # connects lazily: no replay needed
+    try:
+        assert sender.sock.getsockopt(zmq.SNDBUF) == socket_buffer_bytes(cfg)
+    finally:
+        sender.close()
 
 
 def _with(seq, name, value):
