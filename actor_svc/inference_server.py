@@ -26,7 +26,6 @@ from actor_svc.remote import (
     REFUSED,
     REPLY,
     REQUEST,
-    bytes_per_game,
     check_request,
     request_layout,
 )
@@ -146,7 +145,7 @@ def run(cfg: Config, stop: threading.Event, ready: Callable[[], None] = lambda: 
     agent = acting_agent(cfg, spec.obs_shape, spec.num_actions, device)
     net = policy_net(agent)
     layout = request_layout(spec, net.lstm_size)
-    max_request_bytes = bytes_per_game(layout) * ic.max_batch_envs + HEADER_BYTES
+    max_request_bytes = codec.layout_bytes(layout) * ic.max_batch_envs + HEADER_BYTES   # a game's bytes x games
     # a pass stops gathering at max_batch_envs games, its last request of at most as many taking it past them
     buffers = input_buffers(layout, 2 * ic.max_batch_envs, pin=net.heads.weight.device.type == "cuda")
     puller = ParamPuller(cfg, "inference", agent)

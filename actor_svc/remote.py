@@ -55,11 +55,6 @@ def reply_layout(num_policies: int, num_actions: int, state_size: int) -> codec.
             "h": ("float32", (state_size,)), "c": ("float32", (state_size,))}
 
 
-def bytes_per_game(layout: codec.Layout) -> int:
-    """What one game adds to a message of this layout."""
-    return codec.layout_bytes(layout)
-
-
 def check_message(arrays: dict[str, np.ndarray], layout: codec.Layout, max_games: int) -> int:
     """E of a request or reply whose arrays match `layout` with one leading axis of 1..max_games games;
     CodecError otherwise."""
@@ -107,7 +102,7 @@ class RemoteNetwork:
         self.actor_id = actor_id
         self.stop = stop
         self.layout = reply_layout(num_policies, spec.num_actions, state_size)
-        self.reply_bytes = bytes_per_game(self.layout)
+        self.reply_bytes = codec.layout_bytes(self.layout)   # a game's bytes in a reply
         self.version = -1
         self.next_id = 0
         self.sock: zmq.Socket | None = None

@@ -78,7 +78,7 @@ def socket_buffer_bytes(cfg: Config) -> int:
     SEQUENCES_IN_SOCKET_BUFFERS sequences, at least 64 KiB. ZeroMQ's high-water marks count messages in its own
     queues, but TCP's buffers hold bytes, and Linux grows them to megabytes (tcp_rmem to 32 MiB on the 2-core
     VM): while replay's rate limiter held an actor, 1.6 KB Catch sequences queued there by the thousand and
-    reached the learner 10-26 versions old, where replay alone makes them 5-8 (docs/decisions.md 79)."""
+    reached the learner 11-27 versions old, where replay alone makes them 5-9 (docs/decisions.md 79)."""
     return max(SEQUENCES_IN_SOCKET_BUFFERS * layout_bytes(sequence_layout(cfg)), 1 << 16)
 
 
