@@ -132,10 +132,10 @@ IMPALA: Tree = {
                 # learner CPU an agent step, and the actors want that CPU (1.4-4.9% more frames/s in five pairs)
                 "threads": 1, "split_batch": 1,
                 "precision": "auto"},   # decision 63: bf16 autocast on a CPU that computes in bfloat16
-    # decision 64: the actors' network in bf16 there too. Decision 78: 32 games an actor, whose inference a sample
-    # costs two thirds of 16's on a CPU, pulling every 32 passes (the same pulls a frame as 16 games every 64)
-    "actor": {"precision": "auto", "pull_every": 32},
-    "env": {"num_envs": 32, "episodic_life": True},
+    # decision 64: the actors' network in bf16 there too. Decisions 78 and 80: 64 games an actor, whose inference a
+    # sample costs half of 16's on a CPU, pulling every 16 passes (the same pulls a frame as 16 games every 64)
+    "actor": {"precision": "auto", "pull_every": 16},
+    "env": {"num_envs": 64, "episodic_life": True},
     "eval": {"every_versions": 5},   # a version every 25 x 640 samples: evaluate about every 320k frames
 }
 
@@ -154,7 +154,7 @@ IMPALA_CPU_SIZING: Tree = {
     "learner": {"batch_size": 8, "optimiser": "adamw", "learning_rate": 2.5e-4, "adam_betas": [0.9, 0.999],
                 "adam_eps": 1e-5, "loss_reduction": "mean", "clip_norm": 0.5,
                 "split_batch": 2},   # CPU_SIZING's layout: four samples learnt per frame bound it, not the actor
-    # 16 games an actor, not impala's 32 (decision 78): its learner bounds it, as `cpu`'s, which 32 did not speed up
+    # 16 games an actor, not impala's 64 (decisions 78, 80): its learner bounds it, as `cpu`'s (32 measured no faster)
     "actor": {"pull_every": 64},
     "env": {"num_envs": 16},
     "eval": {"every_versions": 20},
