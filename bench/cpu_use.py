@@ -53,3 +53,45 @@ def cpu_table(start: dict[str, float], end: dict[str, float], seconds: float, ag
     rows.append(f"{'all services':24} {total:10.2f} {total / agent_steps_per_s * 1e3:16.3f}")
     rows.append(f"{'idle':24} {max(cores - total, 0.0):10.2f}   of {cores} cores")
     return rows
+
+
+# ceiling_gap's parts: what the ceiling charges an agent step, then what a window spends beyond it (records keep
+# their keys sorted, so pictures and lines take the order from here)
+CHARGED = ("games and inference alone", "learner alone")
+BEYOND = ("actors over their stages alone", "learner over its stage alone", "evaluator", "replay", "other services",
+          "idle cores")
+
+
+def ceiling_gap(cores_used: dict[str, float], cores: int, agent_steps_per_s: float, acting_ms: float,
+                learning_ms: float) -> dict[str, float]:
+    """Where achieved / ceiling goes, in CPU milliseconds an agent step, for a CPU learner.
+
+    bench.throughput.ceiling_rate charges each agent step `acting_ms` (its games and its inference at their rates
+    alone, 1/env + 1/inference) and `learning_ms` (replay_ratio samples at the learner's rate alone), so
+
+        achieved / ceiling = (acting_ms + learning_ms) / (cores / agent_steps_per_s)
+
+    and the denominator is what the window had: the ceiling's charges, the actors' and the learner's CPU over
+    their stages alone, the services the ceiling leaves out (the evaluator, replay, the bandit, the launcher), and
+    cores nobody used. `cores_used` as cores_by_service gives it; the parts sum to cores / agent_steps_per_s
+    where no more than `cores` were busy. Acting is every actor_svc process but the evaluator (with remote
+    inference, the inference service too)."""
+    ms = {name: busy / agent_steps_per_s * 1e3 for name, busy in cores_used.items()}
+    acting = sum(v for name, v in ms.items() if name.startswith("actor_svc") and name != "actor_svc eval")
+    learning = sum(v for name, v in ms.items() if name.startswith("learner_svc"))
+    evaluator, replay = ms.get("actor_svc eval", 0.0), ms.get("replay_svc", 0.0)
+    return {"games and inference alone": acting_ms, "learner alone": learning_ms,
+            "actors over their stages alone": acting - acting_ms,
+            "learner over its stage alone": learning - learning_ms, "evaluator": evaluator, "replay": replay,
+            "other services": sum(ms.values()) - acting - learning - evaluator - replay,
+            "idle cores": max(cores - sum(cores_used.values()), 0.0) / agent_steps_per_s * 1e3}
+
+
+def ceiling_gap_line(gap: dict[str, float]) -> str:
+    """ceiling_gap as one printed line: the ceiling's charges against the window's, part by part."""
+    charged = sum(gap[name] for name in CHARGED)
+    spent = sum(gap.values())
+    extra = ", ".join(f"{name} {gap[name]:+.3f}" for name in BEYOND)
+    return (f"achieved / ceiling = {charged:.3f} / {spent:.3f} ms of CPU an agent step = {charged / spent:.2f}: the "
+            f"ceiling charges games and inference {gap['games and inference alone']:.3f} and the learner "
+            f"{gap['learner alone']:.3f}; the window also spent: {extra}")

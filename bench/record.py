@@ -1,7 +1,8 @@
 """What one `bench.throughput` run measured, kept (`--out DIR`): bench.json with every figure it printed and
-bench.png, the same story in three pictures: frames/s (the ceiling from the stages alone, the whole system at
-each actor count and with the actors' other inference), the ceiling each lever would give, and the cores each
-service kept busy in the end-to-end window with what one agent step costs each.
+bench.png, the same story in four pictures: frames/s (the ceiling from the stages alone, the whole system at
+each actor count and with the actors' other inference), the ceiling each lever would give, the cores each
+service kept busy in the end-to-end window with what one agent step costs each, and (a CPU learner) the CPU an
+agent step the ceiling charges against what the window spent, part by part (achieved / ceiling).
 
 The record is a plain dict filled as the benchmark goes (keys below); only what a run measured is in it.
   machine, cores, preset, game, settings                           what ran where
@@ -11,6 +12,7 @@ The record is a plain dict filled as the benchmark goes (keys below); only what 
   end_to_end: [{actors, frames_per_s, learner_steps_per_s, learner_bound_frames_per_s, lag, held, waited, ...}]
   actors (the end-to-end run the rest is of), ratio, learner_step_ms, actor_loop_ms, inference_passes,
   cpu: {service: cores}, agent_steps_per_s
+  ceiling_gap_ms: {part: CPU ms an agent step} (a CPU learner: bench.cpu_use.ceiling_gap, the ratio's parts)
   other_inference: {inference, frames_per_s, x}
 
 `python -m bench.record DIR|FILE ... [--picture PNG]` prints several runs' records side by side (the A/B runs
@@ -23,7 +25,7 @@ import argparse
 import json
 from pathlib import Path
 
-from bench.cpu_use import SHOWN_CORES
+from bench.cpu_use import BEYOND, CHARGED, SHOWN_CORES
 from bench.system import ACTOR_PARTS
 from learner_svc.step_time import PARTS
 
@@ -47,7 +49,8 @@ def draw(record: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     panels = [draw_panel for draw_panel, data in ((_throughput, throughput_bars(record)),
-                                                  (_levers, record.get("levers")), (_cores, record.get("cpu")))
+                                                  (_levers, record.get("levers")), (_cores, record.get("cpu")),
+                                                  (_ceiling_gap, record.get("ceiling_gap_ms")))
               if data]
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6.5 * max(1, len(panels)), 4.6), squeeze=False)
     for panel, ax in zip(panels, axes[0], strict=False):
@@ -117,6 +120,28 @@ def _cores(record: dict, ax) -> None:
     ax.set_xticks([])
     ax.set_ylabel("cores busy in the end-to-end window")
     ax.set_title(f"CPU by service: {bottom / steps * 1e3:.3f} ms an agent step in all", fontsize=10)
+    ax.legend(fontsize=7, loc="upper right")
+
+
+def _ceiling_gap(record: dict, ax) -> None:
+    """Two stacked bars in CPU ms an agent step: what the ceiling charges, and what the window spent (the same
+    charges, then each part beyond them); their heights' quotient is achieved / ceiling."""
+    gap = record["ceiling_gap_ms"]
+    colours = dict(zip(CHARGED, ("#1f77b4", "#2ca02c"), strict=True))
+    for x, parts in enumerate((CHARGED, CHARGED + BEYOND)):
+        bottom = 0.0
+        for name in parts:
+            extra = name in BEYOND
+            ax.bar(x, gap[name], bottom=bottom, color=colours.get(name), alpha=0.55 if extra else 1.0,
+                   hatch="//" if name == "idle cores" else None, edgecolor="#9e9e9e" if extra else None,
+                   label=f"{name}: {gap[name]:.3f} ms" if x == 1 else None)
+            bottom += gap[name]
+        ax.text(x, bottom, f"{bottom:.3f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks([0, 1], ["the ceiling charges", "the window spent"], fontsize=8)
+    ax.set_xlim(-0.6, 3.2)
+    ax.set_ylabel("CPU ms an agent step")
+    ratio = sum(gap[name] for name in CHARGED) / sum(gap.values())
+    ax.set_title(f"achieved / ceiling {ratio:.2f}: where the rest of the CPU went", fontsize=10)
     ax.legend(fontsize=7, loc="upper right")
 
 

@@ -9,7 +9,8 @@ the share of sequences replay would draw again before the next copy). Combines t
 
 (with the learner on a GPU its term leaves the cores' sum and bounds on its own:
 min(cores / (1/env + 1/inference), learner / replay_ratio)), then runs the whole system (bench.system) with the
-launcher and prints achieved / ceiling and the cores each service kept busy (bench.cpu_use). On a CPU
+launcher and prints achieved / ceiling, split for a CPU learner into the CPU an agent step the ceiling charges
+and what each service spent beyond it (bench.cpu_use.ceiling_gap), and the cores each service kept busy. On a CPU
 machine it starts as many actors as keep the cores busy at the ceiling (an actor's loop is serial, one
 core at most: actors_to_fill). It also splits one learner step into its parts (copy to the
 device, forward and loss, backward, optimiser), counts the operations an eager step dispatches (each a kernel
@@ -38,7 +39,7 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.cpu_use import cores_by_service, cpu_table
+from bench.cpu_use import ceiling_gap, ceiling_gap_line, cores_by_service, cpu_table
 from bench.record import write as write_record
 from bench.system import GpuSampler, end_to_end
 from lbc.acting import CoreInputs, acting_agent, forward
@@ -657,7 +658,13 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
                        "cpu": cores_by_service(*e2e["cpu"], e2e["seconds"])}
             if ceiling is not None:
                 record["ratio"] = achieved / ceiling
-                print(f"achieved / ceiling = {achieved / ceiling:.2f}", flush=True)
+                if on_gpu:
+                    print(f"achieved / ceiling = {achieved / ceiling:.2f}", flush=True)
+                else:   # the ratio as the CPU the ceiling charges an agent step against what the window spent
+                    gap = ceiling_gap(record["cpu"], args.cores, achieved, (1 / env + 1 / inf) * 1e3,
+                                      ratio / learn * 1e3)
+                    record["ceiling_gap_ms"] = gap
+                    print(ceiling_gap_line(gap), flush=True)
             for what, unit, key in (("learner step", "the training thread", "learner_step_ms"),
                                     ("an actor's loop", f"its {cfg.env.num_envs} games stepped once", "actor_loop_ms")):
                 if e2e[key]:

@@ -59,6 +59,26 @@ def test_cpu_table_splits_the_window_by_service_and_agent_step():
     assert rows[-1].split()[:2] == ["idle", "0.14"]
 
 
+def test_ceiling_gap_parts_sum_to_the_windows_cpu_and_give_the_ratio():
+    from bench.cpu_use import ceiling_gap, ceiling_gap_line
+    from bench.throughput import ceiling_rate
+    # stages alone: games 4,000 agent steps/s a core, inference 4,000 samples/s, learner 10,000 samples/s, ratio 2
+    env, inference, learner, ratio = 4000.0, 4000.0, 10000.0, 2.0
+    acting_ms, learning_ms = (1 / env + 1 / inference) * 1e3, ratio / learner * 1e3   # 0.5 and 0.2
+    ceiling = ceiling_rate(2, env, inference, learner, ratio, learner_on_gpu=False)      # 2 / 0.7 ms
+    used = {"actor_svc 0": 0.6, "actor_svc 1": 0.6, "actor_svc eval": 0.2, "learner_svc": 0.5, "replay_svc": 0.06,
+            "bandit_svc": 0.01, "lbc.launch": 0.01}                                   # 1.98 of 2 cores
+    gap = ceiling_gap(used, cores=2, agent_steps_per_s=2000.0, acting_ms=acting_ms, learning_ms=learning_ms)
+    by_hand = {"games and inference alone": 0.5, "learner alone": 0.2, "actors over their stages alone": 0.1,
+               "learner over its stage alone": 0.05, "evaluator": 0.1, "replay": 0.03, "other services": 0.01,
+               "idle cores": 0.01}
+    assert gap == pytest.approx(by_hand)
+    assert sum(gap.values()) == pytest.approx(2 / 2000.0 * 1e3)     # cores / agent steps/s, in ms
+    assert 2000.0 / ceiling == pytest.approx(0.7)                   # the ratio the line reports
+    assert "= 0.700 / 1.000 ms of CPU an agent step = 0.70" in ceiling_gap_line(gap)
+    assert "evaluator +0.100" in ceiling_gap_line(gap)
+
+
 def test_service_cpu_seconds_counts_a_busy_child_under_its_service_name():
     import subprocess
     import sys
@@ -268,6 +288,9 @@ def _record() -> dict:
                            {"actors": 2, "frames_per_s": 7000.0, "learner_steps_per_s": 3.0, "held": 0.25,
                             "waited": 0.0}],
             "actors": 2, "ratio": 0.78, "agent_steps_per_s": 1750.0, "cpu": {"actor_svc 0": 0.7, "learner_svc": 0.9},
+            "ceiling_gap_ms": {"games and inference alone": 0.4, "learner alone": 0.2,
+                               "actors over their stages alone": 0.05, "learner over its stage alone": -0.01,
+                               "evaluator": 0.05, "replay": 0.02, "other services": 0.0, "idle cores": 0.01},
             "other_inference": {"inference": "remote", "frames_per_s": 6000.0, "x": 0.86}}
 
 
@@ -282,7 +305,8 @@ def test_a_bench_record_is_written_as_json_and_drawn(tmp_path):
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [v for _, v in throughput_bars(record)] == [9000.0, 5000.0, 7000.0, 6000.0]
     # a run without stages (--end-to-end-only) has no ceiling and no levers, and still draws what it has
-    partial = {k: v for k, v in record.items() if k not in ("stages", "levers", "ratio", "other_inference")}
+    partial = {k: v for k, v in record.items()
+               if k not in ("stages", "levers", "ratio", "other_inference", "ceiling_gap_ms")}
     assert [v for _, v in throughput_bars(partial)] == [5000.0, 7000.0]
     assert write(partial, tmp_path / "partial")[1].exists()
 
