@@ -15,13 +15,14 @@ COPY --from=build /opt/lbc /opt/lbc
 RUN groupadd --gid 10001 lbc \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin lbc
 # Pods run with a read-only root filesystem: nothing writes outside /tmp and /data. The environment's
-# defaults are lbc.launch's SERVICE_ENV_DEFAULTS (huge pages for malloc's large blocks: docs/speed.md).
+# defaults are lbc.launch's SERVICE_ENV_DEFAULTS (malloc's large blocks on huge pages, and what it frees kept
+# for reuse: docs/decisions.md 49, 81).
 ENV PATH=/opt/lbc/bin:/usr/local/bin:/usr/bin:/bin \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
     OMP_WAIT_POLICY=PASSIVE \
-    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 \
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4000000000:glibc.malloc.top_pad=268435456 \
     LBC_RUN_DIR=/data/run
 USER 10001:10001
 WORKDIR /tmp

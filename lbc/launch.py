@@ -41,8 +41,14 @@ from lbc.tensorboard import TensorBoardLog
 # - idle OpenMP threads sleep instead of spinning: the services share the machine's cores;
 # - glibc's malloc asks for transparent huge pages for its large blocks (glibc 2.35+, THP in madvise or
 #   always mode; elsewhere it does nothing). A learner step allocates tens of MB of fresh tensors, and
-#   faulting them in 4 KiB pages cost the 2-core `cpu` learner 15-30% of its step (docs/speed.md).
-SERVICE_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+#   faulting them in 4 KiB pages cost the 2-core `cpu` learner 15-30% of its step (docs/speed.md);
+# - and keeps what it frees for the next step: no block is mmap'd of its own (an `impala` batch's 38 MB of
+#   bfloat16 stacks was, and was given back each step), the heap's top is kept (up to 4 GB) and grown 256 MB
+#   at a time. On a VM whose host takes back the pages a guest frees, faulting them in again cost an `impala`
+#   learner 6-7 ms of system time a step (docs/decisions.md 81).
+SERVICE_MALLOC = ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4000000000"
+                  ":glibc.malloc.top_pad=268435456")
+SERVICE_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "GLIBC_TUNABLES": SERVICE_MALLOC}
 
 MAX_RESTARTS = 5          # within RESTART_WINDOW_S; more means something is wrong, not transient
 RESTART_WINDOW_S = 120.0
