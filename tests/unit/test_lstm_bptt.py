@@ -5,10 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lbc import lstm_bptt
 from lbc.lstm_bptt import GRAPH_BATCH, GraphCache, forward_by_graphs, ln_lstm_steps_bptt, unroll_forward
-from lbc.nets import LayerNormLSTM, ln_lstm_steps
+from lbc.nets import LayerNormLSTM, ln_lstm_step, ln_lstm_steps
 
 
 def _inputs(steps: int, batch: int = 3, size: int = 4, seed: int = 0) -> list[torch.Tensor]:
@@ -44,6 +45,45 @@ def test_outputs_and_every_gradient_match_autograd_through_the_plain_steps(steps
     for got, want in zip(_results(ln_lstm_steps_bptt, inputs, weights), _results(ln_lstm_steps, inputs, weights),
                          strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+class _FullSizeOps(TorchDispatchMode):
+    """Names the operations that write a result of `shape`."""
+
+    def __init__(self, shape: torch.Size) -> None:
+        super().__init__()
+        self.shape, self.names = shape, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.shape == self.shape:
+            self.names.append(func.overloadpacket.__name__)
+        return out
+
+
+def test_the_plain_steps_hand_back_one_gradient_for_all_the_steps():
+    """ln_lstm_steps (the bf16 learner's unroll) gives the results and gradients of a loop that indexes xs[t]
+    step by step, and its backward writes the gradient of xs [T, B, 4H] once: the indexing loop's wrote one
+    of that size a step and summed them (T(T-1) full-size passes; 5 ms of an `impala` learner step)."""
+    def indexed(xs, keep, h, c, *weights):
+        outs = []
+        for t in range(xs.shape[0]):
+            h, c = ln_lstm_step(xs[t], keep[t], h, c, *weights)
+            outs.append(h)
+        return torch.stack(outs), h, c
+
+    inputs = _inputs(7)
+    for got, want in zip(_results(ln_lstm_steps, inputs, (1.0, 0.5, 0.7)), _results(indexed, inputs, (1.0, 0.5, 0.7)),
+                         strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+    written = {}
+    for steps_fn in (ln_lstm_steps, indexed):
+        out, h, c = steps_fn(*inputs)
+        with _FullSizeOps(inputs[0].shape) as seen:
+            torch.autograd.grad(out.sum() + h.sum() + c.sum(), inputs[0])
+        written[steps_fn] = seen.names
+    assert written[ln_lstm_steps] == ["stack"]
+    assert written[indexed].count("select_backward") == 7 and written[indexed].count("add") == 6   # the check sees
 
 
 def test_the_backward_matches_finite_differences():
