@@ -64,7 +64,7 @@ class _FullSizeOps(TorchDispatchMode):
 def test_the_plain_steps_hand_back_one_gradient_for_all_the_steps():
     """ln_lstm_steps (the bf16 learner's unroll) gives the results and gradients of a loop that indexes xs[t]
     step by step, and its backward writes the gradient of xs [T, B, 4H] once: the indexing loop's wrote one
-    of that size a step and summed them (T(T-1) full-size passes; 5 ms of an `impala` learner step)."""
+    of that size a step and summed them (T - 1 additions over all T steps; 5 ms of an `impala` learner step)."""
     def indexed(xs, keep, h, c, *weights):
         outs = []
         for t in range(xs.shape[0]):
@@ -83,7 +83,7 @@ def test_the_plain_steps_hand_back_one_gradient_for_all_the_steps():
             torch.autograd.grad(out.sum() + h.sum() + c.sum(), inputs[0])
         written[steps_fn] = seen.names
     assert written[ln_lstm_steps] == ["stack"]
-    assert written[indexed].count("select_backward") == 7 and written[indexed].count("add") == 6   # the check sees
+    assert written[indexed].count("select_backward") == 7 and written[indexed].count("add") == 6
 
 
 def test_the_backward_matches_finite_differences():
