@@ -333,14 +333,21 @@ GPU_LEVERS: dict[str, tuple[str, list[str]]] = {
 }
 
 
+def core_seconds_per_step(env: float, inference: float, learner: float, replay_ratio: float) -> tuple[float, float]:
+    """Seconds of one core an agent step costs with each stage at its rate alone: acting (an actor steps its
+    games and then runs inference in one loop, so the two add) and learning (replay_ratio samples trained per
+    agent step)."""
+    return 1 / env + 1 / inference, replay_ratio / learner
+
+
 def ceiling_rate(cores: int, env: float, inference: float, learner: float, replay_ratio: float,
                  learner_on_gpu: bool) -> float:
-    """Agent steps/s the machine could reach with each stage at its rate alone. Each actor steps its games and
-    then runs inference in one loop, so those two add per core; a CPU learner takes cores from them, a GPU
-    learner bounds the rate by itself (it trains replay_ratio samples per agent step)."""
+    """Agent steps/s the machine could reach with each stage at its rate alone: a CPU learner takes cores from
+    the acting, a GPU learner bounds the rate by itself."""
+    acting, learning = core_seconds_per_step(env, inference, learner, replay_ratio)
     if learner_on_gpu:
-        return min(cores / (1 / env + 1 / inference), learner / replay_ratio)
-    return cores / (1 / env + 1 / inference + replay_ratio / learner)
+        return min(cores / acting, 1 / learning)
+    return cores / (acting + learning)
 
 
 def learner_bound_frames(cfg: Config, learner_steps_per_s: float) -> float:
@@ -395,8 +402,8 @@ def actors_to_fill(cores: int, env: float, inference: float, learner: float, rep
     runs inference in turn, so it keeps at most one core busy; at the ceiling acting takes
     cores x (1/env + 1/inference) / (1/env + 1/inference + ratio/learner) of the cores. Fewer actors leave
     cores idle; more only add processes. A tenth of a core short is not worth another actor."""
-    ceiling = ceiling_rate(cores, env, inference, learner, replay_ratio, learner_on_gpu=False)
-    return max(1, math.ceil(ceiling * (1 / env + 1 / inference) - 0.1))
+    acting, learning = core_seconds_per_step(env, inference, learner, replay_ratio)
+    return max(1, math.ceil(cores * acting / (acting + learning) - 0.1))
 
 
 def apply_machine_defaults(args: argparse.Namespace, gpu: bool) -> None:
@@ -609,7 +616,8 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
     if args.actors is None:
         args.actors = (1 if on_gpu else actors_to_fill(args.cores, env, inf, learn, ratio))
         print(f"actors: {args.actors} (an actor keeps at most one core busy; at the ceiling acting takes "
-              f"{ceiling * (1 / env + 1 / inf):.2f} of the {args.cores} cores)", flush=True)
+              f"{ceiling * core_seconds_per_step(env, inf, learn, ratio)[0]:.2f} of the {args.cores} cores)",
+              flush=True)
         if args.levers and args.actors > 1:   # the actor count as a lever: the whole system with one actor too
             scaling_counts.add(1)
     gpu = shutil.which("nvidia-smi") is not None and torch.cuda.is_available()
@@ -661,8 +669,8 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
                 if on_gpu:
                     print(f"achieved / ceiling = {achieved / ceiling:.2f}", flush=True)
                 else:   # the ratio as the CPU the ceiling charges an agent step against what the window spent
-                    gap = ceiling_gap(record["cpu"], args.cores, achieved, (1 / env + 1 / inf) * 1e3,
-                                      ratio / learn * 1e3)
+                    acting, learning = core_seconds_per_step(env, inf, learn, ratio)
+                    gap = ceiling_gap(record["cpu"], args.cores, achieved, acting * 1e3, learning * 1e3)
                     record["ceiling_gap_ms"] = gap
                     print(ceiling_gap_line(gap), flush=True)
             for what, unit, key in (("learner step", "the training thread", "learner_step_ms"),
