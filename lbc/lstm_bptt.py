@@ -42,18 +42,22 @@ def unroll_forward(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: tor
                    hidden_gain: torch.Tensor, cell_gain: torch.Tensor, cell_bias: torch.Tensor
                    ) -> tuple[torch.Tensor, ...]:
     """The forward above over xs [T, B, 4H]: (every step's h [T, B, H], the last h, the last c, then what
-    unroll_backward reads: the per-step values and the two norms' means and inverse deviations)."""
+    unroll_backward reads: the per-step values and the two norms' means and inverse deviations). The product
+    W h' computes in hidden_weight's dtype (h' rounded to it, as autocast rounds a matrix product's inputs),
+    everything else in xs's."""
     steps, batch, gates = xs.shape
     size = gates // 4
     i, f, g, o = (slice(k * size, (k + 1) * size) for k in range(4))
-    kept_h, kept_c, cells, tanh_cells, out = (xs.new_empty(steps, batch, size) for _ in range(5))
+    kept_c, cells, tanh_cells, out = (xs.new_empty(steps, batch, size) for _ in range(4))
+    kept_h = xs.new_empty(steps, batch, size, dtype=hidden_weight.dtype)
     projected, acts = xs.new_empty(steps, batch, gates), xs.new_empty(steps, batch, gates)
     stats: list[tuple[torch.Tensor, ...]] = []
     weight_t = hidden_weight.t()
+    mixed = hidden_weight.dtype != xs.dtype
     for t in range(steps):
         hk = torch.mul(h, keep[t], out=kept_h[t])
         ck = torch.mul(c, keep[t], out=kept_c[t])
-        p = torch.mm(hk, weight_t, out=projected[t])
+        p = projected[t].copy_(torch.mm(hk, weight_t)) if mixed else torch.mm(hk, weight_t, out=projected[t])
         normed, p_mean, p_rstd = torch.native_layer_norm(p, (gates,), hidden_gain, None, EPS)
         a = torch.sigmoid(normed.add_(xs[t]), out=acts[t])   # sigma(g) is overwritten by tanh(g) next
         torch.tanh(normed[:, g], out=a[:, g])
@@ -73,7 +77,9 @@ def unroll_backward(d_out: torch.Tensor, d_h: torch.Tensor, d_c: torch.Tensor, k
                     acts: torch.Tensor, cells: torch.Tensor, tanh_cells: torch.Tensor, p_mean: torch.Tensor,
                     p_rstd: torch.Tensor, c_mean: torch.Tensor, c_rstd: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The backward above from the gradients reaching every step's h, the last h and the last c, and what
-    unroll_forward kept: the gradients of (xs, h, c, hidden_weight, hidden_gain, cell_gain, cell_bias)."""
+    unroll_forward kept: the gradients of (xs, h, c, hidden_weight, hidden_gain, cell_gain, cell_bias). The
+    products with W and the weight's gradient compute in hidden_weight's dtype, as in the forward (dp rounded
+    to it), the weight's gradient summed over all the steps inside its one product."""
     steps, batch, gates = projected.shape
     size = gates // 4
     s_i, s_f, tanh_g, s_o = acts.split(size, dim=-1)
@@ -86,7 +92,7 @@ def unroll_backward(d_out: torch.Tensor, d_h: torch.Tensor, d_c: torch.Tensor, k
     carry_c = s_f * keep
     d_gates = acts.new_empty(steps, batch, gates)
     d_normed_c = acts.new_empty(steps, batch, size)
-    d_projected = acts.new_empty(steps, batch, gates)
+    d_projected = acts.new_empty(steps, batch, gates, dtype=hidden_weight.dtype)
     dh, dc = d_h, d_c
     first_only = [True, False, False]
     for t in range(steps - 1, -1, -1):
@@ -101,7 +107,7 @@ def unroll_backward(d_out: torch.Tensor, d_h: torch.Tensor, d_c: torch.Tensor, k
         dp = _layer_norm_backward(dg, projected[t], (gates,), p_mean[t], p_rstd[t], hidden_gain, None,
                                   first_only)[0]
         d_projected[t] = dp
-        dh = torch.mm(dp, hidden_weight).mul_(keep[t])
+        dh = torch.mul(torch.mm(d_projected[t], hidden_weight), keep[t])   # in xs's dtype (keep's)
     rows = steps * batch
     d_weight = d_projected.view(rows, gates).t().mm(kept_h.view(rows, size))
     d_hidden_gain = _layer_norm_backward(d_gates.view(rows, gates), projected.view(rows, gates), (gates,),
@@ -183,7 +189,9 @@ def ln_lstm_steps_bptt(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c:
                        cell_bias: torch.Tensor, graphs: GraphCache | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """lbc.nets.ln_lstm_steps (the same arguments and results: every step's h [T, B, H] and the last (h, c)) with
-    the backward above. Float tensors of one dtype, outside autocast (the caller checks). With `graphs` (CUDA
+    the backward above, outside autocast. Float tensors of one dtype, but for hidden_weight, which may be in a
+    lower one (bfloat16) for the recurrent products: LayerNormLSTM's unroll under autocast passes it cast once,
+    where autocast would cast it at every step and its gradient back at every step. With `graphs` (CUDA
     tensors only) the forward and the backward replay CUDA graphs."""
     return _Unroll.apply(graphs, xs, keep, h, c, hidden_weight, hidden_gain, cell_gain, cell_bias)
 

@@ -394,8 +394,9 @@ class LayerNormLSTM(nn.Module):
     input's scale, and the LN on c_t keeps h_t responsive when c_t drifts: a plain LSTM trained on
     short windows saturates when the actors unroll it over a whole episode (docs/decisions.md 24).
     The input projection of every step is one matrix product before the recurrence.
-    Gate order i, f, g, o as torch.nn.LSTMCell. An unroll that trains (gradients wanted, no autocast) runs
-    lbc.lstm_bptt's written-out backward; any other the plain steps below.
+    Gate order i, f, g, o as torch.nn.LSTMCell. An unroll that trains (gradients wanted), and any under autocast
+    with float32 weights (the learner's), runs lbc.lstm_bptt's forward and written-out backward; any other the
+    plain steps below.
     """
 
     def __init__(self, input_size: int, hidden_size: int) -> None:
@@ -433,12 +434,16 @@ class LayerNormLSTM(nn.Module):
         if not self.compiled:
             trains = torch.is_grad_enabled() and any(t.requires_grad for t in (xs, h, c, *weights))
             graphs = self.graphs if xs.is_cuda else None
-            if torch.is_autocast_enabled(xs.device.type) or not (trains or graphs):
-                out, h, c = ln_lstm_steps(xs, keep, h, c, *weights)
+            device = xs.device.type
+            low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+            if low is not None and (trains or weights[0].dtype != low):
+                out, h, c = self._mixed_unroll(xs, keep, h, c, weights, low)
             elif trains:
                 out, h, c = ln_lstm_steps_bptt(xs, keep, h, c, *weights, graphs=graphs)
-            else:
+            elif graphs and low is None:
                 out, h, c = forward_by_graphs(graphs, xs, keep, h, c, *weights)
+            else:
+                out, h, c = ln_lstm_steps(xs, keep, h, c, *weights)
             return out, (h, c)
         # whole chunks through the one graph (the chunk's length is part of it), the remainder eagerly
         whole = x.shape[0] - x.shape[0] % COMPILED_STEPS
@@ -448,6 +453,19 @@ class LayerNormLSTM(nn.Module):
             out, h, c = steps(xs[start:start + COMPILED_STEPS], keep[start:start + COMPILED_STEPS], h, c, *weights)
             chunks.append(out)
         return torch.cat(chunks), (h, c)
+
+    @staticmethod
+    def _mixed_unroll(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
+                      weights: tuple[torch.Tensor, ...], low: torch.dtype
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The unroll under autocast (the learner's; an actor's network keeps its weights in `low` already):
+        lbc.lstm_bptt's forward and written-out backward with the recurrent products in autocast's dtype `low`
+        and the hidden weight cast once an unroll, where autocast without its cache (as the learner runs it)
+        casts it forward and its gradient back at every step (52 casts in a `cpu` learner step); the rest in
+        the state's float32, where autocast ran the gates in bfloat16 (decision 82). Eagerly: CUDA graphs
+        replay the float32 unroll only."""
+        with torch.autocast(xs.device.type, enabled=False):
+            return ln_lstm_steps_bptt(xs.to(h.dtype), keep.to(h.dtype), h, c, weights[0].to(low), *weights[1:])
 
     @property
     def input_weight(self) -> nn.Parameter:
