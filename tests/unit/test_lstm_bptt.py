@@ -161,11 +161,13 @@ def test_under_bf16_autocast_the_unroll_casts_its_weight_once_and_is_nearer_floa
     written_out, casts_once = _bf16_unrolls(True)
     plain, casts_each_step = _bf16_unrolls(False)
     assert casts_once == 2 and casts_each_step == 18
+    def error(t: torch.Tensor, exact: torch.Tensor) -> float:
+        return ((t - exact).norm() / exact.norm()).item()
+
     for got, want, exact in zip(written_out, plain, truth, strict=True):
-        def error(t):
-            return ((t - exact).norm() / exact.norm()).item()
-        assert error(got) < 0.03 and error(want) < 0.04   # bfloat16's 8 bits, through the input projection too
-        assert error(got) < error(want)
+        # bfloat16's 8 bits, through the input projection too
+        assert error(got, exact) < 0.03 and error(want, exact) < 0.04
+        assert error(got, exact) < error(want, exact)
         torch.testing.assert_close(got, want, rtol=0.1, atol=0.05 * want.abs().max().item())
 
 
