@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import math
 import os
@@ -75,16 +76,17 @@ class Child:
 
 
 def scrape(port: int, timeout: float = 1.0) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Metric samples of one service: name -> [(labels, value)]; empty when it does not answer."""
+    """Metric samples of one service: name -> [(labels, value)]; empty when it does not answer, or its answer is
+    cut short or unreadable (a service killed while it answers: the launcher carries on and restarts it)."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as resp:
             text = resp.read().decode()
-    except OSError:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    except (OSError, http.client.HTTPException, ValueError):
         return {}
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out.setdefault(sample.name, []).append((sample.labels, sample.value))
     return out
 
 

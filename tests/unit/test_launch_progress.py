@@ -1,8 +1,10 @@
 """The launcher's running totals: frames and episodes go on across service restarts and resumes."""
 
 import json
+import socket
+import threading
 
-from lbc.launch import Progress, RunningTotal
+from lbc.launch import Progress, RunningTotal, scrape
 from lbc.run_folder import last_record
 
 
@@ -36,3 +38,32 @@ def test_progress_line_fits_120_columns_with_its_fields():
         assert field in line
     assert "replay" not in line                      # shown only while replay fills
     assert "replay 55%" in Progress.line({**record, "replay_fill": 0.55, "eval_score": None, "eval_version": None})
+
+
+def _serve_once(answer: bytes) -> int:
+    """A port on which one connection reads the request, gets `answer` and is closed."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def answer_once() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(answer)
+        server.close()
+
+    threading.Thread(target=answer_once, daemon=True).start()
+    return server.getsockname()[1]
+
+
+def test_a_scrape_cut_short_reads_as_no_answer():
+    """A service killed while it answers its /metrics (the chaos test's SIGKILL) sends fewer bytes than its
+    Content-Length: the launcher's scrape gives nothing, as for a service that does not answer, where it raised
+    http.client.IncompleteRead and stopped the launcher."""
+    body = b"# TYPE lbc_frames_total counter\nlbc_frames_total 12.0\n"
+    whole = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % len(body)
+    assert scrape(_serve_once(whole + body)) == {"lbc_frames_total": [({}, 12.0)]}
+    cut = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 11713\r\n\r\n"
+    assert scrape(_serve_once(cut + body[:20])) == {}
+    assert scrape(_serve_once(whole.replace(b"%d" % len(body), b"%d" % 9) + b"lbc_frame")) == {}
