@@ -111,19 +111,6 @@ def test_the_module_trains_through_the_written_out_backward_and_otherwise_steps_
     torch.testing.assert_close(mixed_forward, mixed.detach(), rtol=0, atol=0)
 
 
-class _Casts(TorchDispatchMode):
-    """Counts the casts (aten._to_copy) of tensors of `shape`."""
-
-    def __init__(self, shape: torch.Size) -> None:
-        super().__init__()
-        self.shape, self.count = shape, 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._to_copy.default and args[0].shape == self.shape:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _bf16_unrolls(trains_by_bptt: bool) -> tuple[list[torch.Tensor], int]:
     """A LayerNormLSTM (64 -> 128) trained one unroll of 9 steps under bf16 autocast, by the module (the
     written-out backward) or by autograd through ln_lstm_steps (the plain steps, autocast casting as it goes):
@@ -139,7 +126,7 @@ def _bf16_unrolls(trains_by_bptt: bool) -> tuple[list[torch.Tensor], int]:
         core, x, keep, state, weight_out = (core.double(), x.double(), keep.double(), tuple(s.double() for s in state),
                                             weight_out.double())
     x.requires_grad_()
-    with _Casts(core.hidden_proj.weight.shape) as casts, \
+    with _FullSizeOps(core.hidden_proj.weight.shape) as seen, \
             torch.autocast("cpu", torch.bfloat16, enabled=trains_by_bptt is not None, cache_enabled=False):
         if trains_by_bptt is False:
             xs = core.input_norm(core.input_proj(x))
@@ -148,7 +135,8 @@ def _bf16_unrolls(trains_by_bptt: bool) -> tuple[list[torch.Tensor], int]:
         else:
             out, _ = core(x, keep, state)
         (out.float() * weight_out).sum().backward()
-    return [t.float() for t in (out, x.grad, core.hidden_proj.weight.grad, core.hidden_norm.weight.grad)], casts.count
+    grads = [t.float() for t in (out, x.grad, core.hidden_proj.weight.grad, core.hidden_norm.weight.grad)]
+    return grads, seen.names.count("_to_copy")
 
 
 def test_under_bf16_autocast_the_unroll_casts_its_weight_once_and_is_nearer_float64_than_the_plain_steps():
@@ -161,6 +149,7 @@ def test_under_bf16_autocast_the_unroll_casts_its_weight_once_and_is_nearer_floa
     written_out, casts_once = _bf16_unrolls(True)
     plain, casts_each_step = _bf16_unrolls(False)
     assert casts_once == 2 and casts_each_step == 18
+
     def error(t: torch.Tensor, exact: torch.Tensor) -> float:
         return ((t - exact).norm() / exact.norm()).item()
 
