@@ -1,9 +1,11 @@
 """How the learner and the actors read frames, each way against the others, on one core.
 
-Three reads: float32 pixels from the uint8 stacks (before decision 65); bfloat16 pixels under bf16 autocast,
-which the first convolution computes in anyway (decision 65); and bfloat16 pixels read straight from a batch's
+Four reads: float32 pixels from the uint8 stacks (before decision 65); bfloat16 pixels under bf16 autocast,
+which the first convolution computes in anyway (decision 65); bfloat16 pixels read straight from a batch's
 single frames, each frame read once and the stacks written once in the torso's layout (decision 66), where the
-learner built the uint8 stacks first and read those. This measures them on the stages they act on, interleaved in
+learner built the uint8 stacks first and read those; and those stacks in 4x4 blocks, which the first convolution
+reads as a stride-1 convolution (decision 83; the learner's alone). This measures them on the stages they act on,
+interleaved in
 blocks so that the machine's drift falls on all alike: CPU milliseconds per learner step (both threads with
 learner.prepare_ahead) and acting steps' samples per CPU second (actors read the games' own stacks, so the last
 two reads are the same code there: their difference is the noise). Figures are printed, never asserted.
@@ -33,6 +35,18 @@ def _stacks_first(net: lbc.nets.LBCNet, b: Mapping[str, torch.Tensor]) -> torch.
     return net.torso_input(observations(b))
 
 
+def _plain_frames(net: lbc.nets.LBCNet, b: Mapping[str, torch.Tensor]) -> torch.Tensor | lbc.nets.Frames:
+    """The learner's read before decision 83: the stacks of single frames in the torso's plain layout."""
+    blocks, net.frame_blocks = net.frame_blocks, 1
+    try:
+        return _SEQUENCE_INPUT(net, b)
+    finally:
+        net.frame_blocks = blocks
+
+
+_SEQUENCE_INPUT = lbc.nets.LBCNet.sequence_input
+
+
 @dataclass(frozen=True)
 class Read:
     pixel_dtype: Callable[[str], torch.dtype]
@@ -46,8 +60,10 @@ class Read:
 READS: dict[str, Read] = {
     "float32 stacks": Read(lambda device_type: torch.float32, _stacks_first),
     "bfloat16 stacks": Read(lbc.nets.pixel_dtype, _stacks_first),
-    "bfloat16 frames": Read(lbc.nets.pixel_dtype, lbc.nets.LBCNet.sequence_input),
+    "bfloat16 frames": Read(lbc.nets.pixel_dtype, _plain_frames),
+    "frames in blocks": Read(lbc.nets.pixel_dtype, _SEQUENCE_INPUT),
 }
+CURRENT = "frames in blocks"
 
 
 def cpu_timed(step: Callable[[], None]) -> Callable[[], float]:
@@ -74,7 +90,7 @@ def interleaved(step: Callable[[], float], rounds: int, block_seconds: float) ->
                     steps += 1
                 per_step[name].append(spent / steps)
     finally:
-        READS["bfloat16 frames"].install()
+        READS[CURRENT].install()
     return {name: statistics.median(times) for name, times in per_step.items()}
 
 
@@ -95,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     learner = interleaved(cpu_timed(learner_step(cfg)[1]), args.rounds, args.block_seconds)
     samples = cfg.learner.batch_size * cfg.sequence.length
     acting = interleaved(cpu_timed(acting_step(cfg)), args.rounds, args.block_seconds)
-    print(f"{'read':15} {'learner ms CPU/step':>20} {'learner samples/CPU-s':>22} {'acting samples/CPU-s':>21}")
+    print(f"{'read':16} {'learner ms CPU/step':>20} {'learner samples/CPU-s':>22} {'acting samples/CPU-s':>21}")
     for name in READS:
-        print(f"{name:15} {learner[name] * 1e3:20.1f} {samples / learner[name]:22,.0f} "
+        print(f"{name:16} {learner[name] * 1e3:20.1f} {samples / learner[name]:22,.0f} "
               f"{cfg.env.num_envs / acting[name]:21,.0f}")
     return 0
 

@@ -56,17 +56,23 @@ class Frames:
 
     Reading them is the torso's costliest pass after its convolutions (docs/speed.md). The learner reads a
     batch's frames once and gives them to every network that convolves them (online and target) and to
-    both the burn-in and the learning steps. Indexing slices the leading (time) axes of both."""
+    both the burn-in and the learning steps. Indexing slices the leading (time) axes of both.
+
+    With `blocks` k > 1 the pixels are the frames in k x k blocks (space-to-depth, decision 83): [..., C k k, H / k,
+    W / k], channel c k k + dy k + dx at (i, j) holding pixel (k i + dy, k j + dx) of channel c; a first
+    convolution of stride k convolves them as a stride-1 convolution of its weight in blocks alike (FrameConv2d).
+    Only frames without medians come in blocks."""
 
     pixels: torch.Tensor
     medians: torch.Tensor | None
+    blocks: int = 1
 
     @property
     def shape(self) -> torch.Size:
         return self.pixels.shape
 
     def __getitem__(self, index: slice) -> Frames:
-        return Frames(self.pixels[index], None if self.medians is None else self.medians[index])
+        return Frames(self.pixels[index], None if self.medians is None else self.medians[index], self.blocks)
 
     def take(self, index: torch.Tensor) -> Frames:
         """The sequences `index` of frames [T, B, C, H, W], each frame kept in its memory layout (index_select
@@ -78,13 +84,14 @@ class Frames:
             pixels = gather_rows(pixels.permute(0, 1, 3, 4, 2), index).permute(0, 1, 4, 2, 3)
         else:
             pixels = gather_rows(pixels, index)
-        return Frames(pixels, None if self.medians is None else self.medians.index_select(1, index))
+        return Frames(pixels, None if self.medians is None else self.medians.index_select(1, index), self.blocks)
 
     def reshape(self, *shape: int) -> Frames:
         """The frames with the leading axes reshaped, e.g. [T, B, C, H, W] -> [T * B, C, H, W]."""
         lead = shape[:-3]
         return Frames(self.pixels.reshape(*shape),
-                      None if self.medians is None else self.medians.reshape(*lead, self.medians.shape[-1]))
+                      None if self.medians is None else self.medians.reshape(*lead, self.medians.shape[-1]),
+                      self.blocks)
 
 
 def pixel_dtype(device_type: str) -> torch.dtype:
@@ -124,7 +131,7 @@ def _centred_in_bfloat16(medians: torch.Tensor | None, dtype: torch.dtype) -> bo
 
 
 def read_frame_sequences(frames: torch.Tensor, stack_start: torch.Tensor, centre: bool, by_sort: bool = False,
-                         memory_format: torch.memory_format = torch.contiguous_format) -> Frames:
+                         memory_format: torch.memory_format = torch.contiguous_format, blocks: int = 1) -> Frames:
     """A time-major batch's single frames (lbc.sequences: frames [T + S - 1, B, H, W] uint8, stack_start [T, B])
     read as Frames [T, B, S, H, W] of the stacks they stand for, the same values and layout as
     read_frames(stacked_frames(...)) gives:
@@ -134,13 +141,17 @@ def read_frame_sequences(frames: torch.Tensor, stack_start: torch.Tensor, centre
     Each frame is read (converted, its median taken, centred) once rather than in each of the S stacks that hold
     it, and the stacks are written once, straight into `memory_format`: on a 2-core CPU the stacked path's passes
     over S times the frames (a channels-last copy of the uint8 stacks, per-stack medians and a subtraction in
-    that layout) cost 20-47 ms a batch of 496-672 observations on one core (docs/speed.md, decision 66)."""
+    that layout) cost 20-47 ms a batch of 496-672 observations on one core (docs/speed.md, decision 66).
+
+    With `blocks` k > 1, Frames in k x k blocks (channels-last whatever `memory_format`; _blocked_stacks)."""
     steps = stack_start.shape[0]
     stack = frames.shape[0] - steps + 1
     keep = stack_keep(stack_start.transpose(0, 1), stack).transpose(0, 1)   # [T, B, S]
     # each frame's median [T + S - 1, B]
     medians = frame_medians(frames, by_sort) if centre else None
     dtype = pixel_dtype(frames.device.type)
+    if blocks > 1:
+        return Frames(_blocked_stacks(frames, keep, medians, blocks, dtype), None, blocks)
     if frames.device.type == "cpu" and not _centred_in_bfloat16(medians, dtype):
         return Frames(_uint8_stacks(frames, keep, memory_format).to(dtype), _stacked_medians(medians, keep))
     pixels, medians = _pixels(frames, medians)
@@ -181,6 +192,55 @@ def _uint8_stacks(frames: torch.Tensor, keep: torch.Tensor, memory_format: torch
     return stacks
 
 
+def _blocked_stacks(frames: torch.Tensor, keep: torch.Tensor, medians: torch.Tensor | None, blocks: int,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """uint8 frames [T + S - 1, B, H, W] as the stacks [T, B, S k k, H / k, W / k] in k x k blocks (Frames), laid out
+    channels-last, in `dtype`, each frame less its median where `medians` [T + S - 1, B] are given (x - m: exact in
+    bfloat16 and float32), 0 where keep [T, B, S] is False. Each frame is put in blocks and converted once, and the
+    stacks are written once from those: a block's 16 channels of a frame are one run of memory in both, where the
+    plain channels-last stacks interleave four frames element by element (decision 83)."""
+    steps, stack = keep.shape[0], keep.shape[-1]
+    n, batch, height, width = frames.shape
+    if height % blocks or width % blocks:
+        raise ValueError(f"frames of {height}x{width} do not split into {blocks}x{blocks} blocks")
+    h, w, area = height // blocks, width // blocks, blocks * blocks
+    tiles = _frame_blocks(frames, blocks)   # [n, B, h, w, k k] uint8
+    if medians is not None:   # in int16: a broadcast subtraction in bfloat16 is 3x slower
+        tiles = tiles.to(torch.int16).sub_(medians.to(torch.int16)[..., None, None, None])
+    tiles = tiles.to(dtype)
+    out = torch.empty((steps, batch, h, w, stack, area), dtype=dtype, device=frames.device)
+    out.copy_(tiles.unfold(0, stack, 1).permute(0, 1, 2, 3, 5, 4))
+    t, b, k = keep.logical_not().nonzero(as_tuple=True)
+    out[t, b, :, :, k] = 0
+    return out.view(steps, batch, h, w, stack * area).permute(0, 1, 4, 2, 3)
+
+
+_WORDS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _frame_blocks(frames: torch.Tensor, k: int) -> torch.Tensor:
+    """uint8 frames [..., H, W] as their k x k blocks [..., H / k, W / k, k k] (pixel (dy, dx) of a block at dy k + dx),
+    in one copy. A block's row of k pixels is moved as one k-byte word where k is 2, 4 or 8: byte by byte the copy
+    took 9-14 ms of an `impala` or `cpu` batch's frames on one core, in words of 4 bytes 0.9-1.3 (decision 83)."""
+    *lead, height, width = frames.shape
+    h, w = height // k, width // k
+    word = _WORDS.get(k)
+    if word is None:
+        tiles = frames.unflatten(-1, (w, k)).unflatten(-3, (h, k)).movedim(-3, -2)     # [..., h, w, dy, dx]
+        return tiles.reshape(*lead, h, w, k * k)
+    if not _viewable_as(frames, k):
+        frames = frames.contiguous()
+    rows = frames.view(word).unflatten(-2, (h, k))                                     # [..., h, dy, w]
+    return rows.movedim(-2, -1).contiguous().view(torch.uint8).view(*lead, h, w, k * k)
+
+
+def _viewable_as(x: torch.Tensor, size: int) -> bool:
+    """Whether x.view(dtype) works for a dtype of `size` bytes on a uint8 tensor: the last axis a run of memory whose
+    length, like every other stride and the offset, is a multiple of it."""
+    return (x.stride(-1) == 1 and x.shape[-1] % size == 0 and x.storage_offset() % size == 0
+            and all(s % size == 0 for s in x.stride()[:-1]))
+
+
 def _stacked_medians(medians: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor | None:
     """Single frames' medians [T + S - 1, B] as the stacks' [T, B, S] (0 where keep is False)."""
     if medians is None:
@@ -209,12 +269,35 @@ class FrameConv2d(nn.Conv2d):
             if x.dtype != torch.uint8:
                 return super().forward(x)
             x = read_frames(x, self.centre, self.median_by_sort)
+        if x.blocks > 1:
+            frame = tuple(n * x.blocks for n in x.shape[-2:])
+            if self.block_size(frame) != x.blocks:
+                raise ValueError(f"a {tuple(self.kernel_size)} convolution of stride {tuple(self.stride)} cannot read "
+                                 f"{frame[0]}x{frame[1]} frames in {x.blocks}x{x.blocks} blocks")
+            return F.conv2d(x.pixels, self._weight_in_blocks(x.blocks) * (1.0 / 255.0), self.bias)
         if x.medians is None:
             return self._conv_forward(x.pixels, self.weight * (1.0 / 255.0), self.bias)
         with torch.autocast(x.pixels.device.type, enabled=False):   # Frames read outside bf16 autocast
             w = self.weight.float() * (1.0 / 255.0)
             out = self._conv_forward(x.pixels, w, None if self.bias is None else self.bias.float())
             return out - torch.einsum("nc,cohw->nohw", x.medians, self._response_to_ones(w, x.shape[-2:]))
+
+    def block_size(self, frame: tuple[int, ...]) -> int:
+        """The side k of the blocks in which this convolution can read frames [H, W] (Frames.blocks): its stride,
+        where that is the same both ways, divides the kernel and the frame, and nothing pads or dilates; else 1.
+        In blocks it is a stride-1 convolution of a kernel k times smaller over k * k times the channels: the same
+        sums, which oneDNN computes in fewer passes (decision 83)."""
+        k = self.stride[0]
+        fits = (k > 1 and self.stride == (k, k) and all(n % k == 0 for n in (*self.kernel_size, *frame[-2:]))
+                and all(p == 0 for p in self.padding) and self.dilation == (1, 1) and self.groups == 1)
+        return k if fits else 1
+
+    def _weight_in_blocks(self, k: int) -> torch.Tensor:
+        """The weight [O, C, kh, kw] as [O, C k k, kh / k, kw / k]: w_b[o, c k k + dy k + dx, p, q] = w[o, c, k p + dy,
+        k q + dx], so that conv(w_b, frames in blocks) at (i, j) sums w[o, c, a, b] x[c, k i + a, k j + b]."""
+        out, channels, kh, kw = self.weight.shape
+        blocked = self.weight.reshape(out, channels, kh // k, k, kw // k, k).permute(0, 1, 3, 5, 2, 4)
+        return blocked.reshape(out, channels * k * k, kh // k, kw // k)
 
     def _response_to_ones(self, w: torch.Tensor, size: torch.Size) -> torch.Tensor:
         """[C, O, H', W']: conv(w, e_c) with no bias for a frame of ones in channel c alone; [C, O, 1, 1]
@@ -586,6 +669,7 @@ class LBCNet(nn.Module):
         self.init = init
         self.centre_frames = centre_frames
         self.median_by_sort = False   # lbc.export sets it (set_median_by_sort): ONNX has no median
+        self.frame_blocks = 1   # the learner sets it (set_frame_blocks)
         if isinstance(self.torso, _ConvTorso):
             self.torso.convs[0].centre = centre_frames
         if init in TORSO_INITS:
@@ -603,6 +687,15 @@ class LBCNet(nn.Module):
         if isinstance(self.torso, _ConvTorso):
             self.torso.memory_format = torch.channels_last if enabled else torch.contiguous_format
             self.torso.convs.to(memory_format=self.torso.memory_format)
+        return self
+
+    def set_frame_blocks(self, enabled: bool) -> LBCNet:
+        """Read a batch's frames (sequence_input) in blocks of the first convolution's stride where that convolution
+        can (FrameConv2d.block_size) and computes in bfloat16 on a CPU (decision 83: the learner's weight gradient
+        of the first convolution in half the CPU; measured only there)."""
+        self.frame_blocks = 1
+        if enabled and isinstance(self.torso, _ConvTorso):
+            self.frame_blocks = self.torso.convs[0].block_size(self.obs_shape)
         return self
 
     def set_median_by_sort(self, enabled: bool) -> None:
@@ -628,8 +721,10 @@ class LBCNet(nn.Module):
         """What the torso is given for a time-major batch's observations: torso_input's, read straight from the
         batch's single frames where it carries them and the torso convolves (read_frame_sequences)."""
         if "frames" in b and isinstance(self.torso, _ConvTorso):
+            device = b["frames"].device.type
+            blocks = self.frame_blocks if device == "cpu" and pixel_dtype(device) == torch.bfloat16 else 1
             return read_frame_sequences(b["frames"], b["stack_start"], self.centre_frames, self.median_by_sort,
-                                        self.torso.memory_format)
+                                        self.torso.memory_format, blocks)
         return self.torso_input(observations(b))
 
     def torso_dead_units(self, frames: torch.Tensor) -> dict[str, float]:

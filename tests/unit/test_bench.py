@@ -175,10 +175,11 @@ def test_the_precision_levers_measure_the_precision_the_preset_does_not_run_in()
 
 def test_the_frame_read_bench_times_every_read_and_leaves_the_current_read_in_place():
     """bench.frame_read takes turns between the reads (float32 and bfloat16 stacks, decision 65; bfloat16 from
-    single frames, decision 66) and puts lbc.nets.pixel_dtype and LBCNet.sequence_input back however it ends;
-    each read's blocks time steps that really ran, with that read installed."""
+    single frames, decision 66; those in blocks, decision 83) and puts lbc.nets.pixel_dtype and
+    LBCNet.sequence_input back however it ends; each read's blocks time steps that really ran, with that read
+    installed."""
     import lbc.nets
-    from bench.frame_read import READS, interleaved
+    from bench.frame_read import CURRENT, READS, interleaved
 
     original = lbc.nets.pixel_dtype, lbc.nets.LBCNet.sequence_input
     seen: list[tuple[object, object]] = []
@@ -191,7 +192,7 @@ def test_the_frame_read_bench_times_every_read_and_leaves_the_current_read_in_pl
     assert set(medians) == set(READS) and all(abs(m - 0.01) < 1e-12 for m in medians.values())
     for read in READS.values():   # a warm-up step, then 3, in each of 2 rounds
         assert seen.count((read.pixel_dtype, read.sequence_input)) == 2 * (1 + 3)
-    assert len(set(seen)) == 3 and READS["bfloat16 frames"].sequence_input is original[1]
+    assert len(set(seen)) == len(READS) == 4 and READS[CURRENT].sequence_input is original[1]
     assert (lbc.nets.pixel_dtype, lbc.nets.LBCNet.sequence_input) == original
 
 

@@ -355,6 +355,104 @@ def test_single_frames_read_straight_into_stacks_are_the_stacks_read(centre, dev
                 assert torch.equal(got.medians[0, 2], frame_medians(stacks[0, 2].cpu()[None]).to(device)[0])
 
 
+@pytest.mark.parametrize("centre", [False, True])
+def test_frames_read_in_blocks_are_the_stacks_read_rearranged(centre):
+    """Decision 83: read_frame_sequences with `blocks` k gives the plain read's stacks [T, B, S, H, W] put in k x k
+    blocks, exactly: channel s k k + dy k + dx at (i, j) is pixel (k i + dy, k j + dx) of stack channel s, the frames
+    centred into the pixels (no medians left), laid out channels-last, zeros where a stack started afresh; for k = 4
+    and 2 (moved in words of k bytes), 3 (byte by byte) and frames as the batch holds them (a transposed view) or
+    not. Frames that do not split into blocks are refused."""
+    from lbc.nets import read_frame_sequences
+    torch.manual_seed(0)
+    steps, batch, stack = 7, 3, 4
+    frames = torch.randint(0, 256, (batch, steps + stack - 1, 84, 84), dtype=torch.uint8)
+    frames[:, :, ::3] = 87   # a background for the medians
+    starts = torch.zeros(steps, batch, dtype=torch.bool)
+    starts[0, 0] = starts[4, 1] = starts[steps - 1, 2] = True
+    for bf16 in (False, True):
+        for k, time_major in ((4, frames.transpose(0, 1)), (2, frames.transpose(0, 1).contiguous()),
+                              (3, frames.transpose(0, 1))):
+            with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+                plain = read_frame_sequences(time_major, starts, centre)
+                got = read_frame_sequences(time_major, starts, centre, memory_format=torch.channels_last, blocks=k)
+            pixels = plain.pixels if plain.medians is None else plain.pixels - plain.medians[..., None, None]
+            h = 84 // k
+            want = pixels.reshape(steps, batch, stack, h, k, h, k).permute(0, 1, 2, 4, 6, 3, 5)
+            assert got.blocks == k and got.medians is None and got.shape == (steps, batch, stack * k * k, h, h)
+            assert got.pixels.dtype == (torch.bfloat16 if bf16 else torch.float32)
+            assert torch.equal(got.pixels, want.reshape(steps, batch, stack * k * k, h, h)), (bf16, k)
+            assert got.pixels[0].is_contiguous(memory_format=torch.channels_last)
+            assert (got.pixels[4, 1, :3 * k * k] == 0).all() and (got.pixels[4, 1, 3 * k * k:] != 0).any()
+            taken = got.take(torch.tensor([2, 0]))
+            assert taken.blocks == k and torch.equal(taken.pixels, got.pixels[:, [2, 0]])
+            assert got[2:].blocks == got.reshape(steps * batch, stack * k * k, h, h).blocks == k
+    with pytest.raises(ValueError, match="do not split"):
+        read_frame_sequences(frames.transpose(0, 1)[..., :82, :82], starts, centre, blocks=4)
+
+
+@pytest.mark.parametrize("centre", [False, True])
+def test_a_first_convolution_over_frames_in_blocks_is_the_strided_convolution(centre):
+    """FrameConv2d over frames in blocks of its stride (decision 83) is a stride-1 convolution of its weight in
+    blocks: its output and its weight's and bias's gradients equal the convolution of pixels_to_input's floats in
+    float64 (float32 to 1e-4, as the plain read's; under bf16 autocast to bfloat16's precision, as close as the
+    plain read's own). Only a convolution whose stride divides its kernel and the frame reads blocks."""
+    from lbc.frame_stacks import stacked_frames
+    from lbc.nets import TORSOS, FrameConv2d, read_frame_sequences
+    torch.manual_seed(0)
+    conv = TORSOS["small"]((4, 84, 84), 32).convs[0].to(memory_format=torch.channels_last)
+    conv.centre = centre
+    steps, batch = 3, 2
+    frames = torch.randint(0, 256, (batch, steps + 3, 84, 84), dtype=torch.uint8)
+    frames[:, :, ::3] = 87
+    starts = torch.zeros(batch, steps, dtype=torch.bool)
+    stacks = stacked_frames(frames, starts, time_major=True).reshape(steps * batch, 4, 84, 84)
+    ref_w = conv.weight.detach().double().requires_grad_()
+    ref_b = conv.bias.detach().double().requires_grad_()
+    ref = torch.nn.functional.conv2d(pixels_to_input(stacks, centre).double(), ref_w, ref_b, conv.stride)
+    grads = torch.autograd.grad(ref.pow(2).sum(), (ref_w, ref_b))
+    errors = {}
+    for bf16 in (False, True):
+        for k in (1, 4):
+            conv.zero_grad()
+            with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+                read = read_frame_sequences(frames.transpose(0, 1), starts.T, centre, blocks=k,
+                                            memory_format=torch.channels_last)
+                out = conv(read.reshape(steps * batch, *read.shape[2:]))
+            out.double().pow(2).sum().backward()
+            errors[bf16, k] = [float((x.detach().double() - y).norm() / y.norm())
+                               for x, y in ((out, ref), (conv.weight.grad, grads[0]), (conv.bias.grad, grads[1]))]
+    assert max(errors[False, 4]) < 1e-4, errors
+    assert max(errors[True, 4]) < 1e-2 and max(errors[True, 4]) < 2 * max(errors[True, 1]), errors
+    assert conv.block_size((84, 84)) == 4 and conv.block_size((82, 84)) == 1
+    assert FrameConv2d(4, 16, 3).block_size((84, 84)) == FrameConv2d(4, 16, 6, stride=4).block_size((84, 84)) == 1
+    assert FrameConv2d(4, 16, 8, stride=4, padding=1).block_size((84, 84)) == 1
+    assert FrameConv2d(4, 16, 4, stride=2).block_size((84, 84)) == 2
+    blocks_of_two = read_frame_sequences(frames.transpose(0, 1), starts.T, centre, blocks=2)
+    with pytest.raises(ValueError, match="cannot read 84x84 frames in 2x2 blocks"):
+        conv(blocks_of_two.reshape(steps * batch, *blocks_of_two.shape[2:]))
+
+
+def test_only_the_learners_bf16_cpu_read_comes_in_blocks():
+    """set_frame_blocks (the learner's) reads a batch in blocks of the first convolution's stride where that
+    convolution computes in bfloat16 on a CPU; float32, torsos whose first convolution has stride 1 and nets not
+    set read the plain stacks."""
+    torch.manual_seed(0)
+    b = {"frames": torch.randint(0, 256, (6, 2, 84, 84), dtype=torch.uint8),
+         "stack_start": torch.zeros(3, 2, dtype=torch.bool)}
+    small = LBCNet("small", (4, 84, 84), 6, 2, hidden=32, lstm=32)
+    deep = LBCNet("deep", (4, 84, 84), 6, 2, hidden=32, lstm=32)
+
+    def blocks(net: LBCNet, bf16: bool) -> int:
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            return net.sequence_input(b).blocks
+
+    assert blocks(small, True) == 1
+    small.set_frame_blocks(True)
+    assert blocks(small, True) == 4 and blocks(small, False) == 1
+    assert blocks(deep.set_frame_blocks(True), True) == 1
+    assert blocks(small.set_frame_blocks(False), True) == 1
+
+
 def test_feedforward_core_reads_the_frame_alone():
     """IMPALA's feed-forward network: each step's heads are a function of that step's frames only (no
     previous action or reward, no memory), and the recurrent state a caller passes comes back untouched."""
