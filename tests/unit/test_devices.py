@@ -298,6 +298,21 @@ def test_frames_read_into_bf16_give_the_loss_and_gradient_of_float32_frames(pres
         assert float(torch.nn.functional.cosine_similarity(grad32, grad16, dim=0)) > 0.999
 
 
+def _frames_batch(preset: str, precision: str) -> tuple:
+    """A small batch of the preset (NGU's with the small torso) of random frames on a background, for the learner
+    at `precision`, with stacks that start afresh at the first, a middle and the next-to-last observation."""
+    small = {"net": {"torso": "small"}, "sequence": {"burn_in": 2, "length": 5}} if preset == "ngu" else {}
+    cfg = load_config(preset, deep_merge(small, {"env": {"game": "breakout"}, "learner": {
+        "batch_size": 4, "split_batch": 1, "warmup_steps": 0, "precision": precision}}))
+    rng = np.random.default_rng(3)
+    batch = _batch(cfg, rng)
+    batch["frames"] = rng.integers(0, 256, batch["frames"].shape).astype(np.uint8)
+    batch["frames"][:, :, ::3] = 87   # a background for the medians
+    batch["stack_start"][0, 0] = batch["stack_start"][1, 5] = batch["stack_start"][2, -2] = True
+    batch["behaviour_prob"][:] = 1.0 / 18
+    return cfg, batch
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("preset", ["impala", "cpu", "ngu"])
 def test_stacks_read_from_single_frames_give_the_loss_and_gradient_of_the_stacks_read(preset, precision, monkeypatch):
@@ -309,15 +324,7 @@ def test_stacks_read_from_single_frames_give_the_loss_and_gradient_of_the_stacks
     from lbc.frame_stacks import observations
     from lbc.nets import LBCNet
 
-    small = {"net": {"torso": "small"}, "sequence": {"burn_in": 2, "length": 5}} if preset == "ngu" else {}
-    cfg = load_config(preset, deep_merge(small, {"env": {"game": "breakout"}, "learner": {
-        "batch_size": 4, "split_batch": 1, "warmup_steps": 0, "precision": precision}}))
-    rng = np.random.default_rng(3)
-    batch = _batch(cfg, rng)
-    batch["frames"] = rng.integers(0, 256, batch["frames"].shape).astype(np.uint8)
-    batch["frames"][:, :, ::3] = 87   # a background for the medians
-    batch["stack_start"][0, 0] = batch["stack_start"][1, 5] = batch["stack_start"][2, -2] = True
-    batch["behaviour_prob"][:] = 1.0 / 18
+    cfg, batch = _frames_batch(preset, precision)
     torch.manual_seed(0)
     trainer = Trainer(cfg)
     trainer.model.set_frame_blocks(False)   # the read in blocks (decision 83) has a test of its own
@@ -344,17 +351,9 @@ def test_frames_read_in_blocks_give_the_loss_and_gradient_of_the_plain_read(pres
     read's to bfloat16's precision (each term within 1% of its largest value over the batch, the gradient's cosine
     above 0.999), centred (cpu, its target network too) or not (impala; NGU); in float32 the learner reads the
     plain stacks."""
-    small = {"net": {"torso": "small"}, "sequence": {"burn_in": 2, "length": 5}} if preset == "ngu" else {}
     results = {}
     for precision in ("bf16", "fp32"):
-        cfg = load_config(preset, deep_merge(small, {"env": {"game": "breakout"}, "learner": {
-            "batch_size": 4, "split_batch": 1, "warmup_steps": 0, "precision": precision}}))
-        rng = np.random.default_rng(3)
-        batch = _batch(cfg, rng)
-        batch["frames"] = rng.integers(0, 256, batch["frames"].shape).astype(np.uint8)
-        batch["frames"][:, :, ::3] = 87   # a background for the medians
-        batch["stack_start"][0, 0] = batch["stack_start"][1, 5] = True
-        batch["behaviour_prob"][:] = 1.0 / 18
+        cfg, batch = _frames_batch(preset, precision)
         torch.manual_seed(0)
         trainer = Trainer(cfg)
         assert trainer.model.frame_blocks == 4
