@@ -47,9 +47,9 @@ from lbc.agents import Acting, family_of, make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import PRESETS, Config, load_config
 from lbc.devices import compute_precision, cpu_computes_bf16, pick_device, pinned
-from lbc.envs import make_envs
+from lbc.envs import env_spec, make_envs
 from lbc.launch import SERVICE_ENV_DEFAULTS
-from lbc.nets import policy_net
+from lbc.nets import build_net, policy_net
 from lbc.psi import Psi
 from lbc.sequences import sequence_layout
 from learner_svc.training import Trainer, to_time_major
@@ -323,7 +323,20 @@ def learner_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
     levers = {f"batches {'not ' if ahead else ''}prepared ahead": ("learner", [f"learner.prepare_ahead={not ahead}"])}
     if cfg.learner.target_update_every > 0 and cfg.learner.target_cache:
         levers["target outputs not kept"] = ("learner", ["learner.target_cache=false"])
+    if reads_frame_blocks(cfg):
+        levers["frames not in blocks"] = ("learner", ["learner.frame_blocks=false"])
     return levers
+
+
+def reads_frame_blocks(cfg: Config) -> bool:
+    """Whether the preset's learner reads its frames in blocks (decision 83): set so, bf16 on a CPU, and a first
+    convolution that can."""
+    device = pick_device(cfg.learner.device, "learner.device")
+    if (not cfg.learner.frame_blocks or device.type != "cpu"
+            or compute_precision(cfg.learner.precision, device) != "bf16"):
+        return False
+    spec = env_spec(cfg.env)
+    return build_net(cfg, spec.obs_shape, spec.num_actions).set_frame_blocks(True).frame_blocks > 1
 
 
 # measured on a GPU learner only, where launching the recurrence's small kernels bounds the step (decision 56)

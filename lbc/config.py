@@ -233,6 +233,9 @@ class LearnerConfig(_Section):
     prepare_ahead: bool = Field(False, description="read the next batch's frames and unroll the target network "
                                 "over it in a thread of its own while this step trains (the same values; "
                                 "learner_svc.training)")
+    frame_blocks: bool = Field(True, description="a bf16 CPU learner reads its frames in blocks of the first "
+                               "convolution's stride where that convolution can, and convolves them as a stride-1 "
+                               "convolution (the same sums; decision 83)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when a GPU is visible")
     replicas: int = Field(1, ge=1, le=64, description="learner processes training one model, each on its own "
                           "batches, gradients averaged every step (learner_svc.replicas); replica 0 publishes "

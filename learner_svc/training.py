@@ -89,8 +89,8 @@ class Trainer:
         self.precision = compute_precision(cfg.learner.precision, self.device)
         # agent: what is published and checkpointed; model: the network the RL loss trains
         self.agent = build_agent(cfg, spec.obs_shape, spec.num_actions).to(self.device)
-        self.model: LBCNet = policy_net(self.agent).set_channels_last(True).set_frame_blocks(True)
         lc = cfg.learner
+        self.model: LBCNet = policy_net(self.agent).set_channels_last(True).set_frame_blocks(lc.frame_blocks)
         if lc.cuda_graphs and self.device.type != "cuda":
             raise SystemExit("learner.cuda_graphs needs a GPU learner, and learner.device=auto found no GPU")
         for module in self.agent.modules():   # before make_loss copies the target network

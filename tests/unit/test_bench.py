@@ -229,12 +229,20 @@ def test_the_learner_levers_measure_what_the_preset_does_not_run():
     from bench.throughput import learner_levers
 
     # `cpu` prepares ahead and keeps its target network's outputs: both rows read backwards
-    assert learner_levers(load_config("cpu")) == {
+    assert learner_levers(load_config("cpu", ["learner.precision=fp32"])) == {
         "batches not prepared ahead": ("learner", ["learner.prepare_ahead=False"]),
         "target outputs not kept": ("learner", ["learner.target_cache=false"])}
     # `impala` does neither and has no target network: preparing ahead is the one lever
-    assert learner_levers(load_config("impala")) == {
+    assert learner_levers(load_config("impala", ["learner.precision=fp32"])) == {
         "batches prepared ahead": ("learner", ["learner.prepare_ahead=True"])}
+    # in bf16 on a CPU both read their frames in blocks (decision 83), read backwards; a deep torso cannot
+    assert learner_levers(load_config("impala", ["learner.precision=bf16"]))["frames not in blocks"] == (
+        "learner", ["learner.frame_blocks=false"])
+    assert "frames not in blocks" in learner_levers(load_config("cpu", ["learner.precision=bf16"]))
+    assert "frames not in blocks" not in learner_levers(load_config("cpu", ["learner.precision=bf16",
+                                                                            "learner.frame_blocks=false"]))
+    assert "frames not in blocks" not in learner_levers(load_config("cpu", ["learner.precision=bf16",
+                                                                            "net.torso=deep"]))
 
 
 def test_an_actors_loop_split_is_each_parts_milliseconds_per_loop_and_adds_up_to_the_window():

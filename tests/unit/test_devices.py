@@ -368,6 +368,8 @@ def test_frames_read_in_blocks_give_the_loss_and_gradient_of_the_plain_read(pres
             out.total.backward()
             results[precision, blocks] = (read.blocks, out.terms.detach(), _flat_grad(trainer.model))
     assert results["bf16", True][0] == 4 and results["fp32", True][0] == results["bf16", False][0] == 1
+    off = load_config(preset, deep_merge(cfg.model_dump(), {"learner": {"frame_blocks": False}}))
+    assert Trainer(off).model.frame_blocks == 1   # learner.frame_blocks=false: the plain read
     (_, terms, grad), (_, terms_blocks, grad_blocks) = results["bf16", False], results["bf16", True]
     scale = terms.abs().amax(dim=0, keepdim=True)
     assert bool(((terms_blocks - terms).abs() <= 1e-2 * scale + 1e-4).all()), (terms, terms_blocks)
