@@ -5,10 +5,9 @@ which the first convolution computes in anyway (decision 65); bfloat16 pixels re
 single frames, each frame read once and the stacks written once in the torso's layout (decision 66), where the
 learner built the uint8 stacks first and read those; and those stacks in 4x4 blocks, which the first convolution
 reads as a stride-1 convolution (decision 83; the learner's alone). This measures them on the stages they act on,
-interleaved in
-blocks so that the machine's drift falls on all alike: CPU milliseconds per learner step (both threads with
-learner.prepare_ahead) and acting steps' samples per CPU second (actors read the games' own stacks, so the last
-two reads are the same code there: their difference is the noise). Figures are printed, never asserted.
+interleaved in blocks so that the machine's drift falls on all alike: CPU milliseconds per learner step (both
+threads with learner.prepare_ahead) and acting steps' samples per CPU second (actors read the games' own stacks, so
+the last three reads are the same code there: their difference is the noise). Figures are printed, never asserted.
 
     python -m bench.frame_read --preset impala --rounds 8
 """
