@@ -34,6 +34,10 @@ def _stacks_first(net: lbc.nets.LBCNet, b: Mapping[str, torch.Tensor]) -> torch.
     return net.torso_input(observations(b))
 
 
+# the learner's read as lbc.nets defines it, kept before any Read.install replaces it
+_SEQUENCE_INPUT = lbc.nets.LBCNet.sequence_input
+
+
 def _plain_frames(net: lbc.nets.LBCNet, b: Mapping[str, torch.Tensor]) -> torch.Tensor | lbc.nets.Frames:
     """The learner's read before decision 83: the stacks of single frames in the torso's plain layout."""
     blocks, net.frame_blocks = net.frame_blocks, 1
@@ -41,9 +45,6 @@ def _plain_frames(net: lbc.nets.LBCNet, b: Mapping[str, torch.Tensor]) -> torch.
         return _SEQUENCE_INPUT(net, b)
     finally:
         net.frame_blocks = blocks
-
-
-_SEQUENCE_INPUT = lbc.nets.LBCNet.sequence_input
 
 
 @dataclass(frozen=True)
