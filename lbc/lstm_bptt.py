@@ -27,7 +27,9 @@ it over all steps at once. Tested against autograd through lbc.nets.ln_lstm_step
 
 from __future__ import annotations
 
+import functools
 import threading
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -36,50 +38,77 @@ EPS = 1e-5   # nn.LayerNorm's default, as the module's norms have
 MAX_GRAPHS = 16   # CUDA graphs kept per network and its copies; a shape past them unrolls eagerly
 GRAPH_BATCH = 8   # forward_by_graphs pads the batch to a multiple of this
 _layer_norm_backward = torch.ops.aten.native_layer_norm_backward
+_scripting = threading.Lock()
+
+
+def on_cpu(fn: Callable[..., tuple[torch.Tensor, ...]]) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """unroll_forward or unroll_backward compiled by TorchScript, for CPU tensors (decision 84): the same
+    operations in the same order, so the same bits, with the loop over time run by TorchScript's interpreter
+    outside Python. Eager, a step's dozen small operations cost more in Python and its lock than in their
+    kernels (at batch 1 two thirds of the unroll's time), and the learner's two threads, the step's and the
+    one preparing the next batch, each unrolling, wait on each other for that lock. Not on a GPU: CUDA graphs
+    replay the unroll there (GraphCache), and TorchScript's GPU fuser would change the rounding."""
+    with _scripting:   # both of the learner's threads may ask first
+        return _script(fn)
+
+
+@functools.cache
+def _script(fn: Callable[..., tuple[torch.Tensor, ...]]) -> Callable[..., tuple[torch.Tensor, ...]]:
+    with warnings.catch_warnings():   # torch 2.13 calls torch.jit.script deprecated; decision 84 says why it is used
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.script(fn)
 
 
 def unroll_forward(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor, hidden_weight: torch.Tensor,
-                   hidden_gain: torch.Tensor, cell_gain: torch.Tensor, cell_bias: torch.Tensor
-                   ) -> tuple[torch.Tensor, ...]:
+                   hidden_gain: torch.Tensor, cell_gain: torch.Tensor, cell_bias: torch.Tensor, eps: float = EPS
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                              torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                              torch.Tensor]:
     """The forward above over xs [T, B, 4H]: (every step's h [T, B, H], the last h, the last c, then what
     unroll_backward reads: the per-step values and the two norms' means and inverse deviations). The product
     W h' computes in hidden_weight's dtype (h' rounded to it, as autocast rounds a matrix product's inputs),
-    everything else in xs's."""
+    everything else in xs's. TorchScript compiles it as written (on_cpu)."""
     steps, batch, gates = xs.shape
     size = gates // 4
-    i, f, g, o = (slice(k * size, (k + 1) * size) for k in range(4))
-    kept_c, cells, tanh_cells, out = (xs.new_empty(steps, batch, size) for _ in range(4))
-    kept_h = xs.new_empty(steps, batch, size, dtype=hidden_weight.dtype)
-    projected, acts = xs.new_empty(steps, batch, gates), xs.new_empty(steps, batch, gates)
-    stats: list[tuple[torch.Tensor, ...]] = []
+    kept_c, cells = xs.new_empty([steps, batch, size]), xs.new_empty([steps, batch, size])
+    tanh_cells, out = xs.new_empty([steps, batch, size]), xs.new_empty([steps, batch, size])
+    kept_h = xs.new_empty([steps, batch, size], dtype=hidden_weight.dtype)
+    projected, acts = xs.new_empty([steps, batch, gates]), xs.new_empty([steps, batch, gates])
+    p_means, p_rstds, c_means, c_rstds = [], [], [], []
     weight_t = hidden_weight.t()
     mixed = hidden_weight.dtype != xs.dtype
     for t in range(steps):
         hk = torch.mul(h, keep[t], out=kept_h[t])
         ck = torch.mul(c, keep[t], out=kept_c[t])
         p = projected[t].copy_(torch.mm(hk, weight_t)) if mixed else torch.mm(hk, weight_t, out=projected[t])
-        normed, p_mean, p_rstd = torch.native_layer_norm(p, (gates,), hidden_gain, None, EPS)
+        normed, p_mean, p_rstd = torch.native_layer_norm(p, [gates], hidden_gain, None, eps)
         a = torch.sigmoid(normed.add_(xs[t]), out=acts[t])   # sigma(g) is overwritten by tanh(g) next
-        torch.tanh(normed[:, g], out=a[:, g])
-        c = torch.mul(a[:, f], ck, out=cells[t]).addcmul_(a[:, i], a[:, g])
-        normed_c, c_mean, c_rstd = torch.native_layer_norm(c, (size,), cell_gain, cell_bias, EPS)
-        h = torch.mul(a[:, o], torch.tanh(normed_c, out=tanh_cells[t]), out=out[t])
-        stats.append((p_mean, p_rstd, c_mean, c_rstd))
-    p_mean, p_rstd, c_mean, c_rstd = (torch.stack(s) for s in zip(*stats, strict=True))
+        i, f, g, o = a.split(size, dim=1)
+        torch.tanh(normed[:, 2 * size:3 * size], out=g)
+        c = torch.mul(f, ck, out=cells[t]).addcmul_(i, g)
+        normed_c, c_mean, c_rstd = torch.native_layer_norm(c, [size], cell_gain, cell_bias, eps)
+        h = torch.mul(o, torch.tanh(normed_c, out=tanh_cells[t]), out=out[t])
+        p_means.append(p_mean)
+        p_rstds.append(p_rstd)
+        c_means.append(c_mean)
+        c_rstds.append(c_rstd)
     # the last state apart: an output must not be a view of another
-    return (out, h.clone(), c.clone(), kept_h, kept_c, projected, acts, cells, tanh_cells, p_mean, p_rstd, c_mean,
-            c_rstd)
+    return (out, h.clone(), c.clone(), kept_h, kept_c, projected, acts, cells, tanh_cells, torch.stack(p_means),
+            torch.stack(p_rstds), torch.stack(c_means), torch.stack(c_rstds))
 
 
 def unroll_backward(d_out: torch.Tensor, d_h: torch.Tensor, d_c: torch.Tensor, keep: torch.Tensor,
                     hidden_weight: torch.Tensor, hidden_gain: torch.Tensor, cell_gain: torch.Tensor,
                     cell_bias: torch.Tensor, kept_h: torch.Tensor, kept_c: torch.Tensor, projected: torch.Tensor,
                     acts: torch.Tensor, cells: torch.Tensor, tanh_cells: torch.Tensor, p_mean: torch.Tensor,
-                    p_rstd: torch.Tensor, c_mean: torch.Tensor, c_rstd: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                    p_rstd: torch.Tensor, c_mean: torch.Tensor, c_rstd: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                               torch.Tensor]:
     """The backward above from the gradients reaching every step's h, the last h and the last c, and what
     unroll_forward kept: the gradients of (xs, h, c, hidden_weight, hidden_gain, cell_gain, cell_bias). The
     products with W and the weight's gradient compute in hidden_weight's dtype, as in the forward (dp rounded
-    to it), the weight's gradient summed over all the steps inside its one product."""
+    to it), the weight's gradient summed over all the steps inside its one product. TorchScript compiles it as
+    written (on_cpu)."""
     steps, batch, gates = projected.shape
     size = gates // 4
     s_i, s_f, tanh_g, s_o = acts.split(size, dim=-1)
@@ -90,9 +119,9 @@ def unroll_backward(d_out: torch.Tensor, d_h: torch.Tensor, d_c: torch.Tensor, k
     to_o = tanh_cells * slope[..., 3 * size:]
     to_l = s_o * (1 - tanh_cells * tanh_cells)
     carry_c = s_f * keep
-    d_gates = acts.new_empty(steps, batch, gates)
-    d_normed_c = acts.new_empty(steps, batch, size)
-    d_projected = acts.new_empty(steps, batch, gates, dtype=hidden_weight.dtype)
+    d_gates = acts.new_empty([steps, batch, gates])
+    d_normed_c = acts.new_empty([steps, batch, size])
+    d_projected = acts.new_empty([steps, batch, gates], dtype=hidden_weight.dtype)
     dh, dc = d_h, d_c
     first_only = [True, False, False]
     for t in range(steps - 1, -1, -1):
@@ -100,21 +129,21 @@ def unroll_backward(d_out: torch.Tensor, d_h: torch.Tensor, d_c: torch.Tensor, k
         dg = d_gates[t]
         torch.mul(dh, to_o[t], out=dg[:, 3 * size:])
         dl = torch.mul(dh, to_l[t], out=d_normed_c[t])
-        dc = _layer_norm_backward(dl, cells[t], (size,), c_mean[t], c_rstd[t], cell_gain, cell_bias,
+        dc = _layer_norm_backward(dl, cells[t], [size], c_mean[t], c_rstd[t], cell_gain, cell_bias,
                                   first_only)[0].add_(dc)
-        torch.mul(dc[:, None, :], to_ifg[t], out=dg[:, :3 * size].view(batch, 3, size))
+        torch.mul(dc.unsqueeze(1), to_ifg[t], out=dg[:, :3 * size].view(batch, 3, size))
         dc = dc.mul_(carry_c[t])
-        dp = _layer_norm_backward(dg, projected[t], (gates,), p_mean[t], p_rstd[t], hidden_gain, None,
+        dp = _layer_norm_backward(dg, projected[t], [gates], p_mean[t], p_rstd[t], hidden_gain, None,
                                   first_only)[0]
         d_projected[t] = dp
         dh = torch.mul(torch.mm(d_projected[t], hidden_weight), keep[t])   # in xs's dtype (keep's)
     rows = steps * batch
     d_weight = d_projected.view(rows, gates).t().mm(kept_h.view(rows, size))
-    d_hidden_gain = _layer_norm_backward(d_gates.view(rows, gates), projected.view(rows, gates), (gates,),
+    d_hidden_gain = _layer_norm_backward(d_gates.view(rows, gates), projected.view(rows, gates), [gates],
                                          p_mean.view(rows, 1), p_rstd.view(rows, 1), hidden_gain, None,
                                          [False, True, False])[1]
     _, d_cell_gain, d_cell_bias = _layer_norm_backward(
-        d_normed_c.view(rows, size), cells.view(rows, size), (size,), c_mean.view(rows, 1),
+        d_normed_c.view(rows, size), cells.view(rows, size), [size], c_mean.view(rows, 1),
         c_rstd.view(rows, 1), cell_gain, cell_bias, [False, True, True])
     return d_gates, dh, dc, d_weight, d_hidden_gain, d_cell_gain, d_cell_bias
 
@@ -124,7 +153,8 @@ class _Unroll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graphs: GraphCache | None, *inputs: torch.Tensor   # noqa: ANN001
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        results = unroll_forward(*inputs) if graphs is None else graphs.run(unroll_forward, inputs)
+        results = graphs.run(unroll_forward, inputs) if graphs is not None else \
+            on_cpu(unroll_forward)(*inputs) if not inputs[0].is_cuda else unroll_forward(*inputs)
         keep, weights = inputs[1], inputs[4:]
         ctx.graphs = graphs
         ctx.save_for_backward(keep, *weights, *results[3:])
@@ -134,8 +164,8 @@ class _Unroll(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:   # noqa: ANN001
         inputs = (*grads, *ctx.saved_tensors)
-        d_xs, dh, dc, *d_weights = unroll_backward(*inputs) if ctx.graphs is None \
-            else ctx.graphs.run(unroll_backward, inputs)
+        d_xs, dh, dc, *d_weights = ctx.graphs.run(unroll_backward, inputs) if ctx.graphs is not None else \
+            on_cpu(unroll_backward)(*inputs) if not inputs[0].is_cuda else unroll_backward(*inputs)
         return None, d_xs, None, dh, dc, *d_weights
 
 

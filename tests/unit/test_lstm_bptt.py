@@ -91,6 +91,34 @@ def test_the_backward_matches_finite_differences():
     assert torch.autograd.gradcheck(ln_lstm_steps_bptt, inputs, eps=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_unroll_is_torchscripts_compile_of_the_written_out_one_to_the_bit(weight_dtype, monkeypatch):
+    """On a CPU the unroll runs unroll_forward and unroll_backward as TorchScript compiled them (decision 84): the
+    same results to the bit as the Python functions, in float32 and with the bf16 learner's bfloat16 hidden
+    weight; and a module that trains asks for both."""
+    xs, keep, h, c, *weights = (t.detach().float() for t in _inputs(7, batch=5, size=8, seed=3))
+    weights[0] = weights[0].to(weight_dtype)
+    inputs = (xs, keep, h, c, *weights)
+    compiled = lstm_bptt.on_cpu(unroll_forward)
+    assert isinstance(compiled, torch.jit.ScriptFunction)
+    want = unroll_forward(*inputs)
+    for got, expected in zip(compiled(*inputs), want, strict=True):
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+    g = torch.Generator().manual_seed(4)
+    grads = (torch.randn(xs.shape[:2] + h.shape[1:], generator=g), torch.randn(h.shape, generator=g),
+             torch.randn(c.shape, generator=g))
+    backward_inputs = (*grads, keep, *weights, *want[3:])
+    for got, expected in zip(lstm_bptt.on_cpu(lstm_bptt.unroll_backward)(*backward_inputs),
+                             lstm_bptt.unroll_backward(*backward_inputs), strict=True):
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+
+    asked = []
+    monkeypatch.setattr(lstm_bptt, "on_cpu", lambda fn: asked.append(fn.__name__) or fn)
+    out, _ = LayerNormLSTM(5, 8)(torch.randn(6, 3, 5), torch.ones(6, 3, 1), (torch.zeros(3, 8), torch.zeros(3, 8)))
+    out.sum().backward()
+    assert asked == ["unroll_forward", "unroll_backward"]
+
+
 def test_the_module_trains_through_the_written_out_backward_and_otherwise_steps_plainly():
     """LayerNormLSTM's unroll takes the written-out backward when it trains, with or without autocast, and the
     plain steps (which export understands) under no_grad; the float32 results agree."""
