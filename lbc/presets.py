@@ -106,10 +106,9 @@ LBC_CPU_TRAINING: Tree = {
     "learner": {"target_policy": "behaviour_temperature", "centre_q": True, "learning_rate": 2.5e-4,
                 "adam_betas": [0.9, 0.999], "adam_eps": 1e-5, "weight_decay": 0.0, "clip_norm": 0.5,
                 "target_update_every": 250,   # decision 53: a target network for the bootstrap values
-                # decision 55: the next batch's frames and target outputs in a second thread while one thread
-                # trains the whole batch: about 4% less learner CPU per agent step than two halves in two
-                # threads, the same frames/s within the machine's drift; +30% learner samples/s on two free cores
-                "split_batch": 1, "prepare_ahead": True,
+                # one thread trains the whole batch (decision 55) and prepares it too (decision 84): the next batch
+                # prepared in a second thread gains on free cores, but beside the actor on two it cost 4-5% frames/s
+                "split_batch": 1, "prepare_ahead": False,
                 "precision": "auto"},   # decision 63: bf16 autocast on a CPU that computes in bfloat16
     "actor": {"precision": "auto"},   # decision 64: the actors' network in bf16 there too
 }
