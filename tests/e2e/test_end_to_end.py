@@ -97,11 +97,13 @@ def test_short_pong_run(tmp_path):
     checkpoints and the metrics log are written, and every process stops cleanly."""
     # 8 environments instead of the preset's 16: their first episodes (about 3,500 frames each at random)
     # end within 60,000 frames, which the bandit's returns need. An evaluation of 2 games instead of 8: on a
-    # fast host the run reached its frames (12 s) before the evaluator finished 8 whole Pong games
+    # fast host the run reached its frames (12 s) before the evaluator finished 8 whole Pong games. The next batch
+    # prepared in a thread of its own (learner.prepare_ahead, for a learner with a core to spare; `cpu` prepares in
+    # its one thread since decision 84): its one run through the real services
     proc, records, run_dir = _launch(tmp_path, "e2e-pong", "cpu", "pong", 100, "--until-frames", "60000",
                                      "--set", "learner.checkpoint_every=20", "--set", "learner.push_every=5",
                                      "--set", "env.num_envs=8", "--set", "eval.episodes=2", "--set", "eval.num_envs=2",
-                                     timeout=240)
+                                     "--set", "learner.prepare_ahead=true", timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = records[-1]
     assert last["frames"] > 20_000
@@ -117,8 +119,8 @@ def test_short_pong_run(tmp_path):
     # the preset's target network: replay's early draws repeat sequences, whose target outputs were kept
     kept = re.findall(r"outputs kept for (\d+) of (\d+) sequences", (run_dir / "logs" / "learner.log").read_text())
     assert kept and 0 < int(kept[-1][0]) < int(kept[-1][1])   # the last: at the learner's stop
-    # the preset prepares each next batch while a step trains: the rate limiter's slack lets replay hand out
-    # several batches at once after its first 64 sequences, so some steps find theirs prepared
+    # each next batch prepared while a step trains: the rate limiter's slack lets replay hand out several batches
+    # at once after its first 64 sequences, so some steps find theirs prepared
     ahead = re.findall(r"(\d+) of (\d+) steps trained on batches prepared ahead",
                        (run_dir / "logs" / "learner.log").read_text())
     assert ahead and 0 < int(ahead[-1][0]) <= int(ahead[-1][1])

@@ -228,10 +228,13 @@ def test_the_learner_step_split_is_each_parts_seconds_per_step_in_the_window():
 def test_the_learner_levers_measure_what_the_preset_does_not_run():
     from bench.throughput import learner_levers
 
-    # `cpu` prepares ahead and keeps its target network's outputs: both rows read backwards
+    # `cpu` keeps its target network's outputs (that row reads backwards) and prepares each batch in its step
     assert learner_levers(load_config("cpu", ["learner.precision=fp32"])) == {
-        "batches not prepared ahead": ("learner", ["learner.prepare_ahead=False"]),
+        "batches prepared ahead": ("learner", ["learner.prepare_ahead=True"]),
         "target outputs not kept": ("learner", ["learner.target_cache=false"])}
+    # a learner that prepares ahead is measured without
+    assert learner_levers(load_config("cpu", ["learner.precision=fp32", "learner.prepare_ahead=true"]))[
+        "batches not prepared ahead"] == ("learner", ["learner.prepare_ahead=False"])
     # `impala` does neither and has no target network: preparing ahead is the one lever
     assert learner_levers(load_config("impala", ["learner.precision=fp32"])) == {
         "batches prepared ahead": ("learner", ["learner.prepare_ahead=True"])}
