@@ -148,13 +148,21 @@ def unroll_backward(d_out: torch.Tensor, d_h: torch.Tensor, d_c: torch.Tensor, k
     return d_gates, dh, dc, d_weight, d_hidden_gain, d_cell_gain, d_cell_bias
 
 
+def _run(fn: Callable[..., tuple[torch.Tensor, ...]], inputs: tuple[torch.Tensor, ...], graphs: GraphCache | None
+         ) -> tuple[torch.Tensor, ...]:
+    """unroll_forward or unroll_backward over inputs: replayed by `graphs` where given (CUDA), as TorchScript compiled
+    it on a CPU (on_cpu), else eagerly."""
+    if graphs is not None:
+        return graphs.run(fn, inputs)
+    return fn(*inputs) if inputs[0].is_cuda else on_cpu(fn)(*inputs)
+
+
 class _Unroll(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graphs: GraphCache | None, *inputs: torch.Tensor   # noqa: ANN001
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        results = graphs.run(unroll_forward, inputs) if graphs is not None else \
-            on_cpu(unroll_forward)(*inputs) if not inputs[0].is_cuda else unroll_forward(*inputs)
+        results = _run(unroll_forward, inputs, graphs)
         keep, weights = inputs[1], inputs[4:]
         ctx.graphs = graphs
         ctx.save_for_backward(keep, *weights, *results[3:])
@@ -164,8 +172,7 @@ class _Unroll(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:   # noqa: ANN001
         inputs = (*grads, *ctx.saved_tensors)
-        d_xs, dh, dc, *d_weights = ctx.graphs.run(unroll_backward, inputs) if ctx.graphs is not None else \
-            on_cpu(unroll_backward)(*inputs) if not inputs[0].is_cuda else unroll_backward(*inputs)
+        d_xs, dh, dc, *d_weights = _run(unroll_backward, inputs, ctx.graphs)
         return None, d_xs, None, dh, dc, *d_weights
 
 
