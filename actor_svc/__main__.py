@@ -18,7 +18,7 @@ from actor_svc import evaluator, inference_server
 from actor_svc.peers import BehaviourSource, ParamPuller, SequenceSender
 from actor_svc.remote import RemoteNetwork, Stopped
 from actor_svc.sequencer import SequenceBuilder
-from lbc.acting import CoreInputs, acting_agent, acting_graphs, cut_episode_values, forward, precision_of
+from lbc.acting import CoreInputs, acting_agent, acting_graphs, cut_episode_values, forward, frame_ring, precision_of
 from lbc.agents import make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import Config
@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     puller = None if remote else ParamPuller(cfg, actor_id, agent)
     network = RemoteNetwork(cfg, actor_id, spec, net.num_policies, net.lstm_size, stop) if remote else None
     step = network.forward if network is not None else partial(forward, net, graphs=graphs)
+    ring = None if remote else frame_ring(cfg, net, num_envs)   # the stacks as the local pass reads them
     behaviours = BehaviourSource(cfg, actor_id, ahead=num_envs)
     sender = SequenceSender(cfg, actor_id, stop)
     builder = SequenceBuilder(num_envs, cfg.sequence.burn_in, sequence_layout(cfg))
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             if fields:
                 INTRINSIC_SECONDS.inc(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            out = step(obs, inputs, acting.extra_inputs(fields))
+            out = step(obs if ring is None else ring.push(obs), inputs, acting.extra_inputs(fields))
             forward_seconds = time.perf_counter() - t0
             # the version that acted on x_t: remote inference knows it once it has answered
             version = network.version if network is not None else puller.version

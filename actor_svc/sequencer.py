@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from lbc.codec import Layout
+from lbc.frame_stacks import starts_afresh
 
 CORE_OBSERVATION_FIELDS = ("prev_action", "prev_reward", "reset")   # and obs, or frames and stack_start
 OBSERVATION_FORMS = ({"obs"}, {"stack_start"})   # the per-observation field(s) the observation itself fills
@@ -71,7 +72,7 @@ class SequenceBuilder:
         if self.frames is None:
             values["obs"] = obs
         else:
-            values["stack_start"] = ~obs[:, :-1].reshape(len(obs), -1).any(axis=1)
+            values["stack_start"] = starts_afresh(obs)
             if t == 0:
                 self.frames[:, : obs.shape[1]] = obs
             else:

@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from bench.cpu_use import ceiling_gap, ceiling_gap_line, cores_by_service, cpu_table
 from bench.record import write as write_record
 from bench.system import GpuSampler, end_to_end
-from lbc.acting import CoreInputs, acting_agent, forward
+from lbc.acting import CoreInputs, acting_agent, forward, frame_ring
 from lbc.agents import Acting, family_of, make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import PRESETS, Config, load_config
@@ -72,10 +72,12 @@ def env_rate(cfg: Config, seconds: float) -> float:
 
 
 def _actor_parts(cfg: Config) -> tuple[np.ndarray, torch.nn.Module, Acting]:
-    """A real first observation, the actor's network on actor.device and its family's acting part, every
-    environment in an episode of tau = 1 and equal weights."""
+    """A real observation with a full stack (the games' first one stacks zeros), the actor's network on
+    actor.device and its family's acting part, every environment in an episode of tau = 1 and equal weights."""
     envs = make_envs(cfg.env, cfg.env.num_envs, seed=0)
     obs = envs.reset()
+    for _ in range(envs.spec.frame_stack - 1):
+        obs = envs.step(np.zeros(cfg.env.num_envs, np.int64)).obs
     envs.close()
     device = pick_device(cfg.actor.device, "actor.device")
     agent = acting_agent(cfg, envs.spec.obs_shape, envs.spec.num_actions, device)
@@ -92,9 +94,11 @@ def acting_step(cfg: Config) -> Callable[[], None]:
     obs, net, acting = _actor_parts(cfg)
     inputs = CoreInputs.start(net, cfg.env.num_envs)
     inputs.reset[:] = False
+    ring = frame_ring(cfg, net, cfg.env.num_envs)   # as the actor reads its stacks
 
     def step() -> None:
-        out = forward(net, obs, inputs, acting.extra_inputs(acting.observe(obs, inputs.reset)))
+        x = obs if ring is None else ring.push(obs)
+        out = forward(net, x, inputs, acting.extra_inputs(acting.observe(obs, inputs.reset)))
         sample_actions(acting.behaviour(out))
         inputs.state = out.state
     return step

@@ -22,8 +22,9 @@ from lbc.config import Config
 from lbc.devices import compute_precision, to_device, to_host
 from lbc.envs import StepResult
 from lbc.family import family_traits
+from lbc.frame_ring import FrameRing
 from lbc.lstm_bptt import GraphCache
-from lbc.nets import LBCNet, NetOutput, build_agent, policy_net
+from lbc.nets import Frames, LBCNet, NetOutput, build_agent, policy_net
 
 
 @dataclass
@@ -88,29 +89,44 @@ def precision_of(net: LBCNet) -> Literal["fp32", "bf16"]:
     return "bf16" if net.heads.weight.dtype == torch.bfloat16 else "fp32"
 
 
-def _network_pass(net: LBCNet, obs: torch.Tensor, prev_action: torch.Tensor, prev_reward: torch.Tensor,
+def frame_ring(cfg: Config, net: LBCNet, num_envs: int) -> FrameRing | None:
+    """The ring (lbc.frame_ring, decision 85) through which a player's acting pass reads its games' stacks where it
+    pays: actor.frame_ring, the network on a CPU in bf16 (set_precision), a first convolution that reads frames in
+    blocks. It puts the network's torso in the channels-last layout the ring's Frames come in. None elsewhere: the
+    pass reads the stacks as the games give them."""
+    blocks = net.input_blocks()
+    if (not cfg.actor.frame_ring or net.heads.weight.device.type != "cpu" or precision_of(net) != "bf16"
+            or blocks == 1):
+        return None
+    net.set_channels_last(True)
+    return FrameRing(num_envs, net.obs_shape, blocks, net.centre_frames, torch.bfloat16)
+
+
+def _network_pass(net: LBCNet, obs: torch.Tensor | Frames, prev_action: torch.Tensor, prev_reward: torch.Tensor,
                   reset: torch.Tensor, h: torch.Tensor, c: torch.Tensor, extra: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(adv, value, h, c) of one step on the network's device, adv and value float32: what forward runs, eagerly
     or as a CUDA graph. A network in bf16 (set_precision) runs under bf16 autocast."""
     bf16 = precision_of(net) == "bf16"
-    with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+    with torch.autocast(h.device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
         out = net(obs[None], prev_action[None], prev_reward[None], reset[None], (h, c), extra)
     return out.adv.float(), out.value.float(), *out.state
 
 
 @torch.no_grad()
-def forward(net: LBCNet, obs: np.ndarray, inputs: CoreInputs, extra: torch.Tensor | None = None,
+def forward(net: LBCNet, obs: np.ndarray | Frames, inputs: CoreInputs, extra: torch.Tensor | None = None,
             state_to_host: bool = False, graphs: GraphCache | None = None) -> NetOutput:
-    """One time step of the network for every environment: obs [E, *obs_shape] uint8. The outputs keep
-    a leading time axis of 1 (adv [1, E, N, A]); adv and value come back to the CPU, where actions are
+    """One time step of the network for every environment: obs [E, *obs_shape] uint8, or a frame ring's Frames of
+    them (frame_ring). The outputs keep a leading time axis of 1 (adv [1, E, N, A]); adv and value come back to the
+    CPU, where actions are
     drawn, by one copy after one wait (lbc.devices.to_host), while the recurrent state stays on the network's
     device (actor.device) unless `state_to_host` (the inference service sends it on), when it comes back in the
     same copy. A network in bf16 (set_precision) runs under bf16 autocast; its adv and value come back as
     float32. With `graphs` on a GPU the pass replays a CUDA graph captured at its first call (actor.cuda_graphs):
     one launch for its hundred-odd operations, the same kernels on the same weights (a pull copies into them)."""
     device = net.heads.weight.device
-    tensors = (to_device(obs, device), to_device(inputs.prev_action, device), to_device(inputs.prev_reward, device),
+    frames = obs if isinstance(obs, Frames) else to_device(obs, device)
+    tensors = (frames, to_device(inputs.prev_action, device), to_device(inputs.prev_reward, device),
                to_device(inputs.reset, device), *inputs.state, *(() if extra is None else (extra.to(device),)))
 
     def network_pass(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

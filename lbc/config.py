@@ -278,6 +278,9 @@ class ActorConfig(_Section):
         "inputs to the inference service (python -m actor_svc --mode infer, endpoints.inference), which batches "
         "every actor's games into one forward pass with the newest parameters (SEED RL's central inference; "
         "inference.* settings, actor_svc.remote)")
+    frame_ring: bool = Field(True, description="a bf16 CPU actor keeps its games' frame stacks as its first "
+                             "convolution reads them, in blocks of its stride, each frame read once as it comes "
+                             "(lbc.frame_ring; the same sums within bf16 rounding, decision 85)")
     precision: Precision = Field("fp32", description="bf16: the acting network's convolutions and linear layers "
                                  "hold bfloat16 weights (each pull converts into them) and run in bfloat16, its "
                                  "outputs and recurrent state fp32; actors, the evaluator, lbc evaluate and lbc play; "

@@ -27,6 +27,12 @@ def stacked_frames(frames: torch.Tensor, stack_start: torch.Tensor, time_major: 
     return torch.mul(windows, mask, out=torch.empty(windows.shape, dtype=frames.dtype, device=frames.device))
 
 
+def starts_afresh(obs: np.ndarray) -> np.ndarray:
+    """[E] bool: which stacks obs [E, S, ...] start afresh, their older frames all zeros (a game's first observation
+    from ALE's vector environment); the others are the last step's shifted by a frame (decision 61)."""
+    return ~obs[:, :-1].reshape(len(obs), -1).any(axis=1)
+
+
 def stack_keep(stack_start: torch.Tensor, stack: int) -> torch.Tensor:
     """[B, T, S] bool: which channels of each observation hold a frame of its own stack (stacked_frames' condition
     t - (S - 1 - k) >= r(b, t)); the others are the zeros before a stack that started afresh."""

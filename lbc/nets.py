@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -61,18 +61,21 @@ class Frames:
     With `blocks` k > 1 the pixels are the frames in k x k blocks (space-to-depth, decision 83): [..., C k k, H / k,
     W / k], channel c k k + dy k + dx at (i, j) holding pixel (k i + dy, k j + dx) of channel c; a first
     convolution of stride k convolves them as a stride-1 convolution of its weight in blocks alike (FrameConv2d).
-    Only frames without medians come in blocks."""
+    Only frames without medians come in blocks. Frames in blocks may hold a stack's frames rotated (`rotation` r:
+    lbc.frame_ring's slots): channel group g (its k k channels) holds the stack's frame (g - r) mod C, and the
+    convolution rotates its weight's groups alike."""
 
     pixels: torch.Tensor
     medians: torch.Tensor | None
     blocks: int = 1
+    rotation: int = 0
 
     @property
     def shape(self) -> torch.Size:
         return self.pixels.shape
 
     def __getitem__(self, index: slice) -> Frames:
-        return Frames(self.pixels[index], None if self.medians is None else self.medians[index], self.blocks)
+        return replace(self, pixels=self.pixels[index], medians=None if self.medians is None else self.medians[index])
 
     def take(self, index: torch.Tensor) -> Frames:
         """The sequences `index` of frames [T, B, C, H, W], each frame kept in its memory layout (index_select
@@ -84,14 +87,14 @@ class Frames:
             pixels = gather_rows(pixels.permute(0, 1, 3, 4, 2), index).permute(0, 1, 4, 2, 3)
         else:
             pixels = gather_rows(pixels, index)
-        return Frames(pixels, None if self.medians is None else self.medians.index_select(1, index), self.blocks)
+        medians = None if self.medians is None else self.medians.index_select(1, index)
+        return replace(self, pixels=pixels, medians=medians)
 
     def reshape(self, *shape: int) -> Frames:
         """The frames with the leading axes reshaped, e.g. [T, B, C, H, W] -> [T * B, C, H, W]."""
         lead = shape[:-3]
-        return Frames(self.pixels.reshape(*shape),
-                      None if self.medians is None else self.medians.reshape(*lead, self.medians.shape[-1]),
-                      self.blocks)
+        return replace(self, pixels=self.pixels.reshape(*shape),
+                       medians=None if self.medians is None else self.medians.reshape(*lead, self.medians.shape[-1]))
 
 
 def pixel_dtype(device_type: str) -> torch.dtype:
@@ -207,7 +210,7 @@ def _blocked_stacks(frames: torch.Tensor, keep: torch.Tensor, medians: torch.Ten
     # the output first: allocated after the frames' smaller copies, it took the heap's fresh pages and page-faulted
     # 30 times a `cpu` step (the copy into it 12.0 against 7.1 ms; session 52)
     out = torch.empty((steps, batch, h, w, stack, area), dtype=dtype, device=frames.device)
-    tiles = _frame_blocks(frames, blocks)   # [n, B, h, w, k k] uint8
+    tiles = frame_blocks(frames, blocks)   # [n, B, h, w, k k] uint8
     if medians is not None:   # in int16: a broadcast subtraction in bfloat16 is 3x slower
         tiles = tiles.to(torch.int16).sub_(medians.to(torch.int16)[..., None, None, None])
     tiles = tiles.to(dtype)
@@ -220,7 +223,7 @@ def _blocked_stacks(frames: torch.Tensor, keep: torch.Tensor, medians: torch.Ten
 _WORDS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _frame_blocks(frames: torch.Tensor, k: int) -> torch.Tensor:
+def frame_blocks(frames: torch.Tensor, k: int) -> torch.Tensor:
     """uint8 frames [..., H, W] as their k x k blocks [..., H / k, W / k, k k] (pixel (dy, dx) of a block at dy k + dx),
     in one copy. A block's row of k pixels is moved as one k-byte word where k is 2, 4 or 8: byte by byte the copy
     took 9-14 ms of an `impala` or `cpu` batch's frames on one core, in words of 4 bytes 0.9-1.3 (decision 83)."""
@@ -276,7 +279,7 @@ class FrameConv2d(nn.Conv2d):
             if self.block_size(frame) != x.blocks:
                 raise ValueError(f"a {tuple(self.kernel_size)} convolution of stride {tuple(self.stride)} cannot read "
                                  f"{frame[0]}x{frame[1]} frames in {x.blocks}x{x.blocks} blocks")
-            return F.conv2d(x.pixels, self._weight_in_blocks(x.blocks) * (1.0 / 255.0), self.bias)
+            return F.conv2d(x.pixels, self._weight_in_blocks(x.blocks, x.rotation) * (1.0 / 255.0), self.bias)
         if x.medians is None:
             return self._conv_forward(x.pixels, self.weight * (1.0 / 255.0), self.bias)
         with torch.autocast(x.pixels.device.type, enabled=False):   # Frames read outside bf16 autocast
@@ -294,11 +297,14 @@ class FrameConv2d(nn.Conv2d):
                 and all(p == 0 for p in self.padding) and self.dilation == (1, 1) and self.groups == 1)
         return k if fits else 1
 
-    def _weight_in_blocks(self, k: int) -> torch.Tensor:
+    def _weight_in_blocks(self, k: int, rotation: int = 0) -> torch.Tensor:
         """The weight [O, C, kh, kw] as [O, C k k, kh / k, kw / k]: w_b[o, c k k + dy k + dx, p, q] = w[o, c, k p + dy,
-        k q + dx], so that conv(w_b, frames in blocks) at (i, j) sums w[o, c, a, b] x[c, k i + a, k j + b]."""
+        k q + dx], so that conv(w_b, frames in blocks) at (i, j) sums w[o, c, a, b] x[c, k i + a, k j + b]; with a
+        `rotation` r (Frames) channel c's weights go to group (c + r) mod C, where such frames hold channel c."""
         out, channels, kh, kw = self.weight.shape
         blocked = self.weight.reshape(out, channels, kh // k, k, kw // k, k).permute(0, 1, 3, 5, 2, 4)
+        if rotation:
+            blocked = blocked.roll(rotation, dims=1)
         return blocked.reshape(out, channels * k * k, kh // k, kw // k)
 
     def _response_to_ones(self, w: torch.Tensor, size: torch.Size) -> torch.Tensor:
@@ -695,10 +701,13 @@ class LBCNet(nn.Module):
         """Read a batch's frames (sequence_input) in blocks of the first convolution's stride where that convolution
         can (FrameConv2d.block_size) and computes in bfloat16 on a CPU (decision 83: the learner's weight gradient
         of the first convolution in half the CPU; measured only there)."""
-        self.frame_blocks = 1
-        if enabled and isinstance(self.torso, _ConvTorso):
-            self.frame_blocks = self.torso.convs[0].block_size(self.obs_shape)
+        self.frame_blocks = self.input_blocks() if enabled else 1
         return self
+
+    def input_blocks(self) -> int:
+        """The side of the blocks in which the first convolution can read frames (FrameConv2d.block_size), 1 where
+        it cannot or the torso does not convolve."""
+        return self.torso.convs[0].block_size(self.obs_shape) if isinstance(self.torso, _ConvTorso) else 1
 
     def set_median_by_sort(self, enabled: bool) -> None:
         """Frame centring reads the median off a full sort (ONNX has no median; lbc.export) or torch.median."""
@@ -786,7 +795,8 @@ class LBCNet(nn.Module):
         if (extra is None) != (self.extra_inputs == 0):
             raise ValueError(f"this net takes {self.extra_inputs} extra inputs per step")
         steps, batch = obs.shape[:2]
-        feats = self.torso(self.torso_input(obs).reshape(steps * batch, *obs.shape[2:])).view(steps, batch, -1)
+        x = self.torso_input(obs)
+        feats = self.torso(x.reshape(steps * batch, *x.shape[2:])).view(steps, batch, -1)
         one_hot = nn.functional.one_hot(prev_action, self.num_actions).to(feats.dtype)
         parts = [feats, one_hot, prev_reward.clamp(-1.0, 1.0).unsqueeze(-1).to(feats.dtype)]
         core_in = torch.cat(parts if extra is None else [*parts, extra.to(feats.dtype)], -1)

@@ -1,0 +1,64 @@
+"""An actor's frame stacks kept, from one step to the next, as its network's first convolution reads them
+(decision 85).
+
+The games give each step a stack of S frames per game, the last step's shifted by one frame with the newest
+appended, or [0, ..., 0, f] at a game's first observation (lbc.frame_stacks.starts_afresh). Reading the whole
+stack every step (lbc.nets.read_frames: each frame's median, its centring, its conversion, S times over) and
+convolving it in the frames' own layout cost a bf16 CPU actor most of its acting pass. Here each game's S frames
+live in S slots, in k x k blocks (lbc.nets.frame_blocks, decision 83), centred and converted once as they
+arrive, laid out channels-last; a step writes its newest frame over the oldest's slot, and the first
+convolution rotates its weight's groups to the slots (Frames.rotation) rather than the frames being moved.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from lbc.frame_stacks import starts_afresh
+from lbc.nets import Frames, frame_blocks, frame_medians
+
+
+class FrameRing:
+    """The stacks [E, S, H, W] of E games as Frames in k x k blocks (channels-last [E, S k k, H / k, W / k]),
+    each frame less its median where `centre` (x - m: exact in bfloat16), in `dtype`."""
+
+    def __init__(self, num_envs: int, obs_shape: tuple[int, int, int], blocks: int, centre: bool,
+                 dtype: torch.dtype) -> None:
+        stack, height, width = obs_shape
+        if height % blocks or width % blocks:
+            raise ValueError(f"frames of {height}x{width} do not split into {blocks}x{blocks} blocks")
+        self.blocks, self.centre = blocks, centre
+        # slot j of game e: slots[e, :, :, j] [H / k, W / k, k k]
+        self.slots = torch.zeros(num_envs, height // blocks, width // blocks, stack, blocks * blocks, dtype=dtype)
+        self.oldest = 0      # the slot that holds the stack's oldest frame
+        self.filled = False  # the first push writes every slot from its stacks
+
+    def _write(self, slot: int, frames: np.ndarray) -> None:
+        """frames [E, H, W] uint8 into `slot`: in blocks, centred, converted (by the copy)."""
+        new = torch.from_numpy(frames)
+        tiles = frame_blocks(new, self.blocks)                                    # [E, h, w, k k] uint8
+        if self.centre:   # in int16: a broadcast subtraction in bfloat16 is 3x slower
+            medians = frame_medians(new[:, None])[:, 0]
+            tiles = tiles.to(torch.int16).sub_(medians.to(torch.int16)[:, None, None, None])
+        self.slots[:, :, :, slot].copy_(tiles)
+
+    def push(self, obs: np.ndarray) -> Frames:
+        """This step's stacks obs [E, S, H, W] uint8, the last push's shifted by a frame or started afresh, as
+        Frames: the values read_frames would give them in blocks, their frames' groups rotated."""
+        stack = self.slots.shape[3]
+        if not self.filled:
+            for j in range(stack):
+                self._write(j, np.ascontiguousarray(obs[:, j]))
+            self.oldest, self.filled = 0, True
+        else:
+            slot = self.oldest
+            self._write(slot, np.ascontiguousarray(obs[:, -1]))
+            self.oldest = (slot + 1) % stack
+            fresh = np.flatnonzero(starts_afresh(obs))
+            if len(fresh):   # the older frames of a game's first stack are zeros
+                older = torch.tensor([j for j in range(stack) if j != slot])
+                self.slots[torch.from_numpy(fresh)[:, None], :, :, older[None, :]] = 0
+        num_envs, h, w, _, area = self.slots.shape
+        pixels = self.slots.view(num_envs, h, w, stack * area).permute(0, 3, 1, 2)
+        return Frames(pixels, None, self.blocks, self.oldest)
