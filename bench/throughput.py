@@ -343,6 +343,16 @@ def reads_frame_blocks(cfg: Config) -> bool:
     return build_net(cfg, spec.obs_shape, spec.num_actions).set_frame_blocks(True).frame_blocks > 1
 
 
+def actor_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
+    """Where the preset's actors read their stacks through a frame ring (lbc.acting.frame_ring, decision 85), the
+    stacks read whole at every step instead, on the inference stage (a row read backwards)."""
+    spec = env_spec(cfg.env)
+    agent = acting_agent(cfg, spec.obs_shape, spec.num_actions, pick_device(cfg.actor.device, "actor.device"))
+    if frame_ring(cfg, policy_net(agent), 1) is None:
+        return {}
+    return {"stacks read whole": ("inference", ["actor.frame_ring=false"])}
+
+
 # measured on a GPU learner only, where launching the recurrence's small kernels bounds the step (decision 56)
 GPU_LEVERS: dict[str, tuple[str, list[str]]] = {
     "recurrence as CUDA graphs": ("learner", ["learner.cuda_graphs=true"]),
@@ -601,7 +611,7 @@ def stages(args: argparse.Namespace, cfg: Config, record: dict) -> tuple[float, 
                         "learner_samples_per_s": learn, "learner_step_ms": parts, "operations": operations,
                         "ceiling_frames_per_s": ceiling * frame_skip}
     if args.levers:
-        settings = precision_lever(cfg) | learner_levers(cfg) | (GPU_LEVERS if on_gpu else {})
+        settings = precision_lever(cfg) | learner_levers(cfg) | actor_levers(cfg) | (GPU_LEVERS if on_gpu else {})
         levers = {name: (stage, load_config(args.preset, [f"env.game={args.game}", *args.overrides, *sets]))
                   for name, (stage, sets) in settings.items()}
         base = {"environment": env, "inference": inf, "learner": learn}

@@ -248,6 +248,20 @@ def test_the_learner_levers_measure_what_the_preset_does_not_run():
                                                                             "net.torso=deep"]))
 
 
+def test_the_actor_lever_measures_the_stacks_read_whole_where_a_frame_ring_reads_them():
+    """Decision 85: a bf16 CPU actor with a small torso reads its stacks through a frame ring, and --levers measures
+    its inference with the stacks read whole (read backwards); float32 actors, the deep torso and a ring turned off
+    have no row."""
+    from bench.throughput import actor_levers
+
+    assert actor_levers(load_config("impala", ["actor.precision=bf16"])) == {
+        "stacks read whole": ("inference", ["actor.frame_ring=false"])}
+    assert "stacks read whole" in actor_levers(load_config("cpu", ["actor.precision=bf16"]))
+    for off in (["actor.precision=fp32"], ["actor.precision=bf16", "actor.frame_ring=false"],
+                ["actor.precision=bf16", "net.torso=deep"]):
+        assert actor_levers(load_config("cpu", off)) == {}, off
+
+
 def test_an_actors_loop_split_is_each_parts_milliseconds_per_loop_and_adds_up_to_the_window():
     from bench.system import SystemReading, actor_loop_split
 
