@@ -118,11 +118,10 @@ def forward(net: LBCNet, obs: np.ndarray | Frames, inputs: CoreInputs, extra: to
             state_to_host: bool = False, graphs: GraphCache | None = None) -> NetOutput:
     """One time step of the network for every environment: obs [E, *obs_shape] uint8, or a frame ring's Frames of
     them (frame_ring). The outputs keep a leading time axis of 1 (adv [1, E, N, A]); adv and value come back to the
-    CPU, where actions are
-    drawn, by one copy after one wait (lbc.devices.to_host), while the recurrent state stays on the network's
-    device (actor.device) unless `state_to_host` (the inference service sends it on), when it comes back in the
-    same copy. A network in bf16 (set_precision) runs under bf16 autocast; its adv and value come back as
-    float32. With `graphs` on a GPU the pass replays a CUDA graph captured at its first call (actor.cuda_graphs):
+    CPU, where actions are drawn, by one copy after one wait (lbc.devices.to_host), while the recurrent state stays
+    on the network's device (actor.device) unless `state_to_host` (the inference service sends it on), when it comes
+    back in the same copy. A network in bf16 (set_precision) runs under bf16 autocast; its adv and value come back
+    as float32. With `graphs` on a GPU the pass replays a CUDA graph captured at its first call (actor.cuda_graphs):
     one launch for its hundred-odd operations, the same kernels on the same weights (a pull copies into them)."""
     device = net.heads.weight.device
     frames = obs if isinstance(obs, Frames) else to_device(obs, device)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from lbc.frame_stacks import starts_afresh
-from lbc.nets import Frames, frame_blocks, frame_medians
+from lbc.nets import Frames, centred_blocks, frame_medians
 
 
 class FrameRing:
@@ -37,15 +37,13 @@ class FrameRing:
     def _write(self, slot: int, frames: np.ndarray) -> None:
         """frames [E, H, W] uint8 into `slot`: in blocks, centred, converted (by the copy)."""
         new = torch.from_numpy(frames)
-        tiles = frame_blocks(new, self.blocks)                                    # [E, h, w, k k] uint8
-        if self.centre:   # in int16: a broadcast subtraction in bfloat16 is 3x slower
-            medians = frame_medians(new[:, None])[:, 0]
-            tiles = tiles.to(torch.int16).sub_(medians.to(torch.int16)[:, None, None, None])
-        self.slots[:, :, :, slot].copy_(tiles)
+        medians = frame_medians(new[:, None])[:, 0] if self.centre else None
+        self.slots[:, :, :, slot].copy_(centred_blocks(new, medians, self.blocks))
 
     def push(self, obs: np.ndarray) -> Frames:
         """This step's stacks obs [E, S, H, W] uint8, the last push's shifted by a frame or started afresh, as
-        Frames: the values read_frames would give them in blocks, their frames' groups rotated."""
+        Frames: the values read_frames would give them in blocks, their frames' groups rotated. The Frames are a view
+        of the ring, for this step's pass: the next push writes over them."""
         stack = self.slots.shape[3]
         if not self.filled:
             for j in range(stack):
