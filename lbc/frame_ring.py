@@ -35,7 +35,8 @@ class FrameRing:
         self.filled = False  # the first push writes every slot from its stacks
 
     def _write(self, slot: int, frames: np.ndarray) -> None:
-        """frames [E, H, W] uint8 into `slot`: in blocks, centred, converted (by the copy)."""
+        """frames [E, H, W] uint8 (a view of the stacks: each frame a run of memory) into `slot`: in blocks, centred,
+        converted (by the copy)."""
         new = torch.from_numpy(frames)
         medians = frame_medians(new[:, None])[:, 0] if self.centre else None
         self.slots[:, :, :, slot].copy_(centred_blocks(new, medians, self.blocks))
@@ -47,11 +48,11 @@ class FrameRing:
         stack = self.slots.shape[3]
         if not self.filled:
             for j in range(stack):
-                self._write(j, np.ascontiguousarray(obs[:, j]))
+                self._write(j, obs[:, j])
             self.oldest, self.filled = 0, True
         else:
             slot = self.oldest
-            self._write(slot, np.ascontiguousarray(obs[:, -1]))
+            self._write(slot, obs[:, -1])
             self.oldest = (slot + 1) % stack
             fresh = np.flatnonzero(starts_afresh(obs))
             if len(fresh):   # the older frames of a game's first stack are zeros
