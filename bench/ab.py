@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import re
+import signal
 import statistics
 import time
 from collections.abc import Callable
@@ -214,6 +215,7 @@ def main() -> int:
     except ValueError as exc:
         parser.error(str(exc))
     allocate_as_services("bench.ab")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)   # a kill stops the system under test too
     game = configs[0][1]
     order = schedule(len(arms), args.rounds)
     what = (f"{args.actors} actor(s); {len(order)} windows of {args.seconds:.0f} s after {args.warmup:.0f} s, about "

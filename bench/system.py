@@ -5,6 +5,7 @@ utilisation (bench.throughput prints them against the stages alone)."""
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -54,6 +55,29 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
     for o in overrides:
         argv += ["--set", o]
     launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    try:
+        return _window(launcher, argv, run_dir, preset, game, actors, seconds, warmup, overrides, span)
+    except BaseException:   # an error or Ctrl-C: no system left running to skew whatever runs next
+        stop_launcher(launcher)
+        raise
+
+
+def stop_launcher(launcher: subprocess.Popen, grace: float = 30.0) -> None:
+    """Stop a launcher as Ctrl-C does (it stops its services in turn), killing it after `grace` seconds."""
+    if launcher.poll() is not None:
+        return
+    launcher.send_signal(signal.SIGINT)
+    try:
+        launcher.wait(grace)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        launcher.wait()
+
+
+def _window(launcher: subprocess.Popen, argv: list[str], run_dir: Path, preset: str, game: str, actors: int,
+            seconds: float, warmup: float, overrides: list[str], span: float) -> dict:
+    """end_to_end's readings of the running launcher."""
+    profile = span > 0
     cfg = load_config(preset, [f"env.game={game}", *overrides])
     endpoints = cfg.endpoints
     table: list[str] = []

@@ -30,6 +30,7 @@ import math
 import os
 import platform
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -542,6 +543,7 @@ def main() -> int:
         parser.error("--end-to-end-only needs --actors (without the stages nothing chooses them) and runs no stage: "
                      "not with --stages-only or --levers")
     allocate_as_services("bench.throughput")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)   # a kill stops the system under test too
     apply_machine_defaults(args, torch.cuda.is_available())
 
     try:

@@ -210,6 +210,28 @@ def test_the_end_to_end_window_counts_between_two_readings_and_refuses_a_restart
         window_rates(reading(10.0, 4_000, 7), reading(14.0, 24_000, 0))
 
 
+@pytest.mark.parametrize("handles_ctrl_c", [True, False])
+def test_a_launcher_left_by_a_failed_window_is_stopped_as_ctrl_c_stops_it_then_killed(handles_ctrl_c):
+    import subprocess
+    import sys
+    import time
+
+    from bench.system import stop_launcher
+
+    # a stand-in for lbc.launch: exits 3 on SIGINT (as the launcher stops its services and exits), or ignores it
+    code = ("import signal, sys, time\n"
+            + ("signal.signal(signal.SIGINT, lambda *a: sys.exit(3))\n" if handles_ctrl_c else
+               "signal.signal(signal.SIGINT, signal.SIG_IGN)\n")
+            + "print('up', flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "up\n"
+    start = time.monotonic()
+    stop_launcher(proc, grace=1.0)
+    assert proc.returncode == (3 if handles_ctrl_c else -9)
+    assert time.monotonic() - start < 10
+    stop_launcher(proc)   # one that has ended already is left as it is
+
+
 def test_the_learner_step_split_is_each_parts_seconds_per_step_in_the_window():
     from bench.system import SystemReading, learner_step_split
 

@@ -70,6 +70,9 @@ def test_wrong_schema_version_is_rejected():
 def test_disallowed_dtype_and_wrong_kind():
     with pytest.raises(codec.CodecError, match="dtype"):
         codec.encode("sequence", {"x": np.zeros(2, np.complex64)})
+    # named int32 too, but its bytes would be read back in the other order: refused, not sent
+    with pytest.raises(codec.CodecError, match="dtype"):
+        codec.encode("sequence", {"x": np.arange(2, dtype=">i4")})
     frames = codec.encode("batch", _arrays())
     with pytest.raises(codec.CodecError, match="expected 'sequence'"):
         codec.decode(frames, max_bytes=10_000, expected_kind="sequence")
