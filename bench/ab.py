@@ -132,7 +132,8 @@ def summarise(labels: list[str], windows: list[dict], figures: tuple[str, ...]) 
 
 def summary_lines(summary: dict, figures: dict[str, tuple[str, str]]) -> list[str]:
     """summarise's comparison as a table, a row per arm, the first arm the base: each figure's mean, and for the
-    headline its ratio to the base's on the means and round by round, and whether the rounds resolve it."""
+    headline its ratio to the base's on the means and round by round, the rounds above the base and the sign test's
+    p."""
     labels, headline = summary["labels"], summary["headline"]
     columns = [(k, header, fmt) for k, (header, fmt) in figures.items()]
     width = {k: max(len(header), 9) for k, header, _ in columns}
