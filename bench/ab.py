@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from bench.cpu_use import cores_by_service
-from bench.frame_read import cpu_timed
+from bench.cpu_use import cores_by_service, ms_by_role
+from bench.frame_read import cpu_block, cpu_timed
 from bench.system import end_to_end
 from bench.throughput import acting_step, allocate_as_services, describe_machine, learner_step, preset_config
 from lbc.config import PRESETS, Config
@@ -80,13 +80,9 @@ def window_figures(e2e: dict, frames_per_step: int) -> dict[str, float]:
     and CPU milliseconds an agent step (all services, the learner, the actors but the evaluator), with the
     actors' inference a loop where they ran it locally."""
     agent_steps = e2e["frames_per_s"] / frames_per_step
-    cores = cores_by_service(*e2e["cpu"], e2e["seconds"])
-    per_step = {name: busy / agent_steps * 1e3 if agent_steps > 0 else float("nan") for name, busy in cores.items()}
-    return {"frames_per_s": e2e["frames_per_s"],
-            "cpu_ms_per_agent_step": sum(per_step.values()),
-            "learner_ms_per_agent_step": sum(v for k, v in per_step.items() if k.startswith("learner_svc")),
-            "actors_ms_per_agent_step": sum(v for k, v in per_step.items()
-                                            if k.startswith("actor_svc") and k != "actor_svc eval"),
+    ms = ms_by_role(cores_by_service(*e2e["cpu"], e2e["seconds"]), agent_steps or float("nan"))
+    return {"frames_per_s": e2e["frames_per_s"], "cpu_ms_per_agent_step": ms["all services"],
+            "learner_ms_per_agent_step": ms["learner"], "actors_ms_per_agent_step": ms["actors"],
             "inference_ms_per_loop": e2e["actor_loop_ms"].get("inference", float("nan"))}
 
 
@@ -164,12 +160,8 @@ def stage_step(cfg: Config, stage: str) -> tuple[Callable[[], float], int]:
 def stage_figures(step: Callable[[], float], samples: int, block_seconds: float) -> dict[str, float]:
     """A block of `step` (stage_step) of `block_seconds` CPU seconds, after one step to warm up after the other
     arm's block: samples per CPU second and CPU milliseconds a step."""
-    step()
-    spent, steps = 0.0, 0
-    while spent < block_seconds:
-        spent += step()
-        steps += 1
-    return {"samples_per_cpu_s": samples * steps / spent, "cpu_ms_per_step": 1e3 * spent / steps}
+    seconds = cpu_block(step, block_seconds)
+    return {"samples_per_cpu_s": samples / seconds, "cpu_ms_per_step": 1e3 * seconds}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -76,15 +76,23 @@ def ceiling_gap(cores_used: dict[str, float], cores: int, agent_steps_per_s: flo
     cores nobody used. `cores_used` as cores_by_service gives it; the parts sum to cores / agent_steps_per_s
     where no more than `cores` were busy. Acting is every actor_svc process but the evaluator (with remote
     inference, the inference service too)."""
-    ms = {name: busy / agent_steps_per_s * 1e3 for name, busy in cores_used.items()}
-    acting = sum(v for name, v in ms.items() if name.startswith("actor_svc") and name != "actor_svc eval")
-    learning = sum(v for name, v in ms.items() if name.startswith("learner_svc"))
-    evaluator, replay = ms.get("actor_svc eval", 0.0), ms.get("replay_svc", 0.0)
+    ms = ms_by_role(cores_used, agent_steps_per_s)
+    acting, learning, evaluator, replay = ms["actors"], ms["learner"], ms["evaluator"], ms["replay"]
     return {"games and inference alone": acting_ms, "learner alone": learning_ms,
             "actors over their stages alone": acting - acting_ms,
             "learner over its stage alone": learning - learning_ms, "evaluator": evaluator, "replay": replay,
-            "other services": sum(ms.values()) - acting - learning - evaluator - replay,
+            "other services": ms["all services"] - acting - learning - evaluator - replay,
             "idle cores": max(cores - sum(cores_used.values()), 0.0) / agent_steps_per_s * 1e3}
+
+
+def ms_by_role(cores_used: dict[str, float], agent_steps_per_s: float) -> dict[str, float]:
+    """CPU milliseconds an agent step of the actors (every actor_svc process but the evaluator), the learner (its
+    replicas too), the evaluator, replay and all services together, from cores_by_service's cores."""
+    ms = {name: busy / agent_steps_per_s * 1e3 for name, busy in cores_used.items()}
+    return {"actors": sum(v for name, v in ms.items() if name.startswith("actor_svc") and name != "actor_svc eval"),
+            "learner": sum(v for name, v in ms.items() if name.startswith("learner_svc")),
+            "evaluator": ms.get("actor_svc eval", 0.0), "replay": ms.get("replay_svc", 0.0),
+            "all services": sum(ms.values())}
 
 
 def ceiling_gap_line(gap: dict[str, float]) -> str:

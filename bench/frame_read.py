@@ -75,6 +75,17 @@ def cpu_timed(step: Callable[[], None]) -> Callable[[], float]:
     return timed
 
 
+def cpu_block(step: Callable[[], float], block_seconds: float) -> float:
+    """Seconds per step of `step` (cpu_timed) over a block of `block_seconds` of what it returns, after one step
+    not counted: the first after a switch from another read or setting warms the allocator for it."""
+    step()
+    spent, steps = 0.0, 0
+    while spent < block_seconds:
+        spent += step()
+        steps += 1
+    return spent / steps
+
+
 def interleaved(step: Callable[[], float], rounds: int, block_seconds: float) -> dict[str, float]:
     """Median seconds per step of each read, by what `step` returns (cpu_timed), blocks of `block_seconds`
     taking turns."""
@@ -83,12 +94,7 @@ def interleaved(step: Callable[[], float], rounds: int, block_seconds: float) ->
         for _ in range(rounds):
             for name, read in READS.items():
                 read.install()
-                step()   # the first step after the switch warms the allocator for the new read
-                spent, steps = 0.0, 0
-                while spent < block_seconds:
-                    spent += step()
-                    steps += 1
-                per_step[name].append(spent / steps)
+                per_step[name].append(cpu_block(step, block_seconds))
     finally:
         READS[CURRENT].install()
     return {name: statistics.median(times) for name, times in per_step.items()}
