@@ -180,8 +180,11 @@ def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
     last = None
     rounds = 0
     while not stop.is_set():
-        puller.pull()
-        if puller.version < 0 or (last is not None and puller.version < last + ec.every_versions):
+        # only the version the next evaluation plays is sent: the newest one each second cost a parameter blob's
+        # transfer, its checksum and its load (4.9 MB and 3.9 ms to load for `impala`) between evaluations
+        wanted = 0 if last is None else last + ec.every_versions
+        puller.pull(min_version=wanted)
+        if puller.version < 0 or puller.version < wanted:
             stop.wait(1.0)
             continue
         version = puller.version

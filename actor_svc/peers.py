@@ -50,13 +50,14 @@ class ParamPuller:
         self.version = -1
         self.backoff = Backoff(initial=0.5)
 
-    def pull(self) -> bool:
-        """One attempt; True when the model holds parameters afterwards."""
+    def pull(self, min_version: int = 0) -> bool:
+        """One attempt; True when the model holds parameters afterwards. Parameters older than `min_version` are
+        not sent (the server streams nothing): the model keeps what it holds."""
         now = time.monotonic()
         if not self.backoff.ready(now):
             return self.version >= 0
         try:
-            got = self.client.pull(self.version)
+            got = self.client.pull(self.version, min_version)
         except (grpc.RpcError, ValueError) as exc:
             PULLS.labels("error").inc()
             self.backoff.fail(now)

@@ -3,6 +3,7 @@ in chunks (lbc.param_stream)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -28,9 +29,17 @@ def check_blob(blob: bytes, expected: dict[str, tuple[int, ...]]) -> dict[str, t
     for name, tensor in state.items():
         if tuple(tensor.shape) != expected[name]:
             raise ValueError(f"parameter {name}: shape {tuple(tensor.shape)}, model has {expected[name]}")
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        if tensor.is_floating_point() and not all_finite(tensor):
             raise ValueError(f"parameter {name} has non-finite values")
     return state
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every value of a CPU tensor is finite. numpy's test where numpy holds the dtype: torch's took 2.8 ms
+    over an `impala` blob's 1.2M float32 values, numpy's 0.14 (a pull checks every blob it receives)."""
+    if tensor.dtype in (torch.float16, torch.float32, torch.float64):
+        return bool(np.isfinite(tensor.numpy()).all())
+    return bool(torch.isfinite(tensor).all())
 
 
 def load_blob(model: torch.nn.Module, blob: bytes) -> None:

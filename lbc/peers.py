@@ -26,11 +26,11 @@ class ParameterClient:
         self.caller = caller
         self.timeout_s = timeout_s
 
-    def pull(self, have_version: int) -> tuple[int, bytes] | None:
-        """The newest (version, blob), or None when have_version is current. Raises grpc.RpcError
-        or ValueError (corrupt stream)."""
-        stream = self.stub.Pull(lbc_pb2.PullRequest(caller=self.caller, have_version=have_version),
-                                timeout=self.timeout_s)
+    def pull(self, have_version: int, min_version: int = 0) -> tuple[int, bytes] | None:
+        """The newest (version, blob), or None when have_version is current or the newest version is below
+        min_version. Raises grpc.RpcError or ValueError (corrupt stream)."""
+        stream = self.stub.Pull(lbc_pb2.PullRequest(caller=self.caller, have_version=have_version,
+                                                    min_version=min_version), timeout=self.timeout_s)
         return assemble(stream)
 
     def push(self, version: int, blob: bytes) -> lbc_pb2.PushReply:

@@ -54,8 +54,14 @@ class ParameterServicer(lbc_pb2_grpc.ParameterServiceServicer):
         if version < 0:
             PULLS.labels("unavailable").inc()
             context.abort(grpc.StatusCode.UNAVAILABLE, "no parameters published yet")
+        if request.min_version < 0:
+            PULLS.labels("invalid").inc()
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"min_version {request.min_version} is negative")
         if request.have_version == version:
             PULLS.labels("current").inc()
+            return
+        if version < request.min_version:   # e.g. the evaluator, between evaluations: nothing it would use yet
+            PULLS.labels("not_yet").inc()
             return
         PULLS.labels("sent").inc()
         yield from chunks(version, blob)

@@ -3,6 +3,7 @@
 import grpc
 import pytest
 import torch
+from prometheus_client import REGISTRY
 
 from lbc.config import load_config
 from lbc.envs import env_spec
@@ -54,7 +55,12 @@ def test_pull_push_and_versions(learner):
     assert client.push(5, to_blob(net)).accepted
     reply = client.push(3, to_blob(net))
     assert not reply.accepted and "not newer" in reply.reason
-    version, blob = client.pull(0)
+    assert client.pull(0, min_version=6) is None       # nor when the newest is older than the caller wants
+    assert client.pull(-1, min_version=6) is None
+    with pytest.raises(grpc.RpcError) as err:
+        client.pull(0, min_version=-1)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    version, blob = client.pull(0, min_version=5)
     assert version == 5
     fresh = build_net(cfg, spec.obs_shape, spec.num_actions)
     load_blob(fresh, blob)
@@ -109,7 +115,11 @@ def test_an_actor_refuses_non_finite_parameters_and_keeps_its_last_good_ones():
         with torch.no_grad():
             next(broken.parameters()).fill_(float("nan"))
         store.set(1, to_blob(broken))
+        refused = REGISTRY.get_sample_value("lbc_actor_param_pulls_total", {"result": "refused"}) or 0.0
+        assert puller.pull(min_version=2) and puller.version == 0   # version 1 not wanted: not sent, not refused
+        assert REGISTRY.get_sample_value("lbc_actor_param_pulls_total", {"result": "refused"}) in (None, refused)
         assert puller.pull() and puller.version == 0
+        assert REGISTRY.get_sample_value("lbc_actor_param_pulls_total", {"result": "refused"}) == refused + 1
         kept = zip(actor_net.state_dict().values(), good.state_dict().values(), strict=True)
         assert all(torch.equal(a, b) for a, b in kept)
     finally:

@@ -7,13 +7,14 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bandit_svc.state import BanditState, UnknownEpisode
 from lbc import codec
 from lbc.config import load_config
-from lbc.params import check_blob, shapes, to_blob
+from lbc.params import all_finite, check_blob, shapes, to_blob
 from lbc.sequences import sequence_layout, validate_sequence
 from lbcproto import lbc_pb2
 from learner_svc.training import Trainer
@@ -123,6 +124,17 @@ def test_parameter_blobs_parse_or_are_refused(blob, cut):
         except ValueError:
             continue
         assert all(bool(np.isfinite(t.numpy()).all()) for t in state.values() if t.is_floating_point())
+
+
+@FUZZ
+@given(values=st.lists(st.floats(width=32), max_size=64), rows=st.integers(1, 4),
+       dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.float64]))
+def test_a_blobs_finiteness_test_agrees_with_torchs(values, rows, dtype):
+    """lbc.params.all_finite (numpy's test where numpy holds the dtype) against torch.isfinite, on values with NaN and
+    infinities among them, in every float dtype (float16 and bfloat16 turn large float32 values into infinities)."""
+    tensor = torch.tensor(values * rows, dtype=torch.float32).reshape(rows, -1).to(dtype)
+    assert all_finite(tensor) == bool(torch.isfinite(tensor).all())
+    assert all_finite(tensor.t()) == bool(torch.isfinite(tensor).all())
 
 
 @FUZZ
