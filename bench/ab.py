@@ -14,10 +14,14 @@ and the actors' share of it, and the actors' inference a loop. With --stage lear
 compares the arms on that stage alone instead (bench.throughput's learner step or acting step, every arm's built
 in this process on one core), in blocks of a second or so of CPU taking turns the same way: samples per CPU
 second, where a setting's cost shows without the rest of the system's noise. Figures, never assertions. Each arm is
-a label and its settings as --set takes them; settings every arm shares go in --set:
+a label and its settings as --set takes them; settings every arm shares go in --set. A label of LABEL@DIR runs that
+arm's system from another checkout of lbc (e.g. a `git worktree` of the commit before a change, with its generated
+`lbcproto/`): its services import that checkout's code, with this one's virtual environment (--stage system only):
 
     python -m bench.ab --preset impala --actors 2 --arm off:actor.frame_ring=false --arm on:actor.frame_ring=true
     python -m bench.ab --preset impala --stage inference --rounds 8 --arm off:actor.frame_ring=false --arm on:
+    git worktree add /tmp/before HEAD~1 && cp -r lbcproto /tmp/before/
+    python -m bench.ab --preset cpu --actors 1 --rounds 4 --arm before@/tmp/before: --arm after:
 """
 
 from __future__ import annotations
@@ -44,9 +48,11 @@ from lbc.config import PRESETS, Config
 
 @dataclass(frozen=True)
 class Arm:
-    """One side of the comparison: its label and the settings it adds to the shared ones."""
+    """One side of the comparison: its label, the settings it adds to the shared ones, and the checkout of lbc its
+    system runs from (None: this one)."""
     label: str
     settings: tuple[str, ...]
+    checkout: Path | None = None
 
 
 # a comma starts the next setting only where a key= follows it, so a value may hold commas ("(1,2,3)")
@@ -54,15 +60,22 @@ _NEXT_SETTING = re.compile(r",(?=\s*[A-Za-z_][\w.]*=)")
 
 
 def parse_arm(text: str) -> Arm:
-    """`label:key=value,key=value` (no settings after the colon: the preset as it is) as an Arm."""
+    """`label:key=value,key=value` (no settings after the colon: the preset as it is), or `label@dir:...` for an
+    arm whose system runs from the checkout of lbc at dir, as an Arm."""
     label, colon, rest = text.partition(":")
-    if not colon or not label.strip():
-        raise ValueError(f"an arm is LABEL:KEY=VALUE,KEY=VALUE (the settings may be empty), not {text!r}")
+    label, at, where = label.partition("@")
+    if not colon or not label.strip() or (at and not where.strip()):
+        raise ValueError(f"an arm is LABEL[@DIR]:KEY=VALUE,KEY=VALUE (the settings may be empty), not {text!r}")
     settings = tuple(s.strip() for s in _NEXT_SETTING.split(rest) if s.strip())
     bad = [s for s in settings if "=" not in s]
     if bad:
         raise ValueError(f"arm {label!r}: settings are KEY=VALUE, not {', '.join(map(repr, bad))}")
-    return Arm(label.strip(), settings)
+    checkout = Path(where.strip()) if at else None
+    if checkout is not None and not (checkout / "lbc" / "launch.py").is_file():
+        raise ValueError(f"arm {label!r}: {checkout} is not a checkout of lbc (no lbc/launch.py there)")
+    if checkout is not None and not (checkout / "lbcproto" / "lbc_pb2.py").is_file():
+        raise ValueError(f"arm {label!r}: {checkout} has no generated lbcproto/ (make proto there, or copy it)")
+    return Arm(label.strip(), settings, checkout)
 
 
 def schedule(arms: int, rounds: int) -> list[tuple[int, int]]:
@@ -200,6 +213,8 @@ def main() -> int:
     system = args.stage == "system"
     if system and args.actors is None:
         parser.error("--stage system needs --actors")
+    if not system and any(a.checkout is not None for a in arms):
+        parser.error("an arm from another checkout (LABEL@DIR) runs the whole system: --stage system")
     args.rounds = args.rounds if args.rounds is not None else (2 if system else 8)
     if args.rounds < 1:
         parser.error("--rounds must be 1 or more")
@@ -225,7 +240,7 @@ def main() -> int:
     for i, (r, a) in enumerate(order):
         if system:
             e2e = end_to_end(args.preset, game, args.actors, args.seconds, args.warmup,
-                             [*args.overrides, *arms[a].settings])
+                             [*args.overrides, *arms[a].settings], cwd=arms[a].checkout)
             w = window_figures(e2e, frames_per_step)
         else:
             w = stage_figures(*steps[a], args.block_seconds)
@@ -239,6 +254,7 @@ def main() -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         record = {"machine": describe_machine(), "preset": args.preset, "game": game, "stage": args.stage,
                   "actors": args.actors, "shared": args.overrides, "arms": {a.label: list(a.settings) for a in arms},
+                  "checkouts": {a.label: str(a.checkout) for a in arms if a.checkout is not None},
                   "windows": windows, "summary": summary}
         (args.out / "ab.json").write_text(json.dumps(record, indent=1))
         print(f"wrote {args.out / 'ab.json'}", flush=True)

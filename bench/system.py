@@ -38,14 +38,15 @@ class GpuSampler:
 
 
 def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: float, overrides: list[str],
-               profile: bool = False) -> dict:
+               profile: bool = False, cwd: Path | None = None) -> dict:
     """The whole system under the launcher: frames/s and learner steps/s over `seconds` after `warmup`, each
     service's CPU seconds at the window's start and end ("cpu", over "seconds", for bench.cpu_use.cpu_table),
     all read from the services themselves at the same two moments; with `profile`, py-spy's table of where
     each service thread spends and waits (bench.spy) under "profile", sampled after that window so that the
-    sampler's own CPU (a tenth to a fifth of a core) does not count against the figures."""
+    sampler's own CPU (a tenth to a fifth of a core) does not count against the figures. With `cwd` the system runs
+    from that checkout of lbc (its services import its code; bench.ab's LABEL@DIR arms), its run folder there."""
     name = f"bench-{preset}-{game}"
-    run_dir = Path("runs") / name
+    run_dir = Path(cwd or ".") / "runs" / name
     shutil.rmtree(run_dir, ignore_errors=True)
     span = min(20.0, seconds / 2) if profile else 0.0
     # the launcher stops a little after the window, so that its own stopping costs the window nothing
@@ -54,7 +55,7 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
             "--name", name, "--duration", str(duration), "--progress-every", "5"]
     for o in overrides:
         argv += ["--set", o]
-    launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL, cwd=cwd)
     try:
         return _window(launcher, argv, run_dir, preset, game, actors, seconds, warmup, overrides, span)
     except BaseException:   # an error or Ctrl-C: no system left running to skew whatever runs next

@@ -211,7 +211,9 @@ def _blocked_stacks(frames: torch.Tensor, keep: torch.Tensor, medians: torch.Ten
     # 30 times a `cpu` step (the copy into it 12.0 against 7.1 ms; session 52)
     out = torch.empty((steps, batch, h, w, stack, area), dtype=dtype, device=frames.device)
     tiles = centred_blocks(frames, medians, blocks).to(dtype)   # [n, B, h, w, k k]
-    out.copy_(tiles.unfold(0, stack, 1).permute(0, 1, 2, 3, 5, 4))
+    # as a stack into `out`, not a copy from the frames' unfolded view: the stack moves each block's k k values as
+    # one run, the strided copy element by element (a `cpu` batch's stacks 2.2 against 4.9 ms on one Zen 4 core)
+    torch.stack([tiles[k:k + steps] for k in range(stack)], dim=4, out=out)
     t, b, k = keep.logical_not().nonzero(as_tuple=True)
     out[t, b, :, :, k] = 0
     return out.view(steps, batch, h, w, stack * area).permute(0, 1, 4, 2, 3)
@@ -457,10 +459,24 @@ def dead_units(module: nn.Module, x: torch.Tensor) -> dict[str, float]:
 
 def lower_median(x: torch.Tensor, by_sort: bool = False) -> torch.Tensor:
     """The lower median over the last axis (element (n - 1) // 2 in sorted order), as torch.median gives.
-    by_sort reads it off a full sort, which ONNX can express (it has no median); torch.median is ~3x faster."""
+    by_sort reads it off a full sort, which ONNX can express (it has no median); torch.median is ~3x faster, and
+    uint8 values on a CPU are counted (_uint8_lower_median), ~4x faster still."""
     if by_sort:
         return x.sort(dim=-1).values[..., (x.shape[-1] - 1) // 2]
+    if x.dtype == torch.uint8 and x.device.type == "cpu" and x.numel():
+        return _uint8_lower_median(x)
     return x.median(dim=-1).values
+
+
+def _uint8_lower_median(x: torch.Tensor) -> torch.Tensor:
+    """lower_median of uint8 values [..., n]: the least value v with more than (n - 1) // 2 values <= v, read off each
+    row's counts of the 256 values. A `cpu` batch's 544 frame medians 0.5 against 2.0 ms for torch.median's
+    selection, row by row, on one Zen 4 core."""
+    rows = x.reshape(-1, x.shape[-1]).to(torch.int64)
+    counts = torch.zeros(rows.shape[0], 256, dtype=torch.int32)
+    counts.scatter_add_(1, rows, torch.ones(rows.shape, dtype=torch.int32))
+    beyond = counts.cumsum(1) > (x.shape[-1] - 1) // 2
+    return beyond.to(torch.uint8).argmax(1).to(torch.uint8).view(x.shape[:-1])
 
 
 class MlpTorso(nn.Module):

@@ -27,6 +27,23 @@ def test_an_arm_is_a_label_and_settings_whose_values_may_hold_commas():
             parse_arm(bad)
 
 
+def test_an_arm_may_run_from_another_checkout_of_lbc(tmp_path):
+    """LABEL@DIR: the arm's system runs from the checkout at DIR, which must hold lbc and its generated lbcproto."""
+    (tmp_path / "lbc").mkdir()
+    (tmp_path / "lbc" / "launch.py").write_text("")
+    with pytest.raises(ValueError, match="no generated lbcproto"):
+        parse_arm(f"before@{tmp_path}:")
+    (tmp_path / "lbcproto").mkdir()
+    (tmp_path / "lbcproto" / "lbc_pb2.py").write_text("")
+    arm = parse_arm(f"before@{tmp_path}: learner.threads=1")
+    assert (arm.label, arm.settings, arm.checkout) == ("before", ("learner.threads=1",), tmp_path)
+    assert parse_arm("after:").checkout is None
+    with pytest.raises(ValueError, match="not a checkout of lbc"):
+        parse_arm(f"before@{tmp_path / 'lbc'}:")
+    with pytest.raises(ValueError, match="LABEL"):
+        parse_arm("before@:")
+
+
 def test_rounds_alternate_so_each_arms_mean_time_is_the_same():
     assert schedule(2, 2) == [(0, 0), (0, 1), (1, 1), (1, 0)]
     assert schedule(3, 1) == [(0, 0), (0, 1), (0, 2)]
@@ -96,7 +113,8 @@ def test_a_window_counts_cpu_per_agent_step_by_service():
     (["--arm", "a:", "--arm", "b:"], "needs --actors"),
     (["--actors", "1", "--arm", "a:", "--arm", "a:actor.threads=1"], "different labels"),
     (["--actors", "1", "--arm", "a:", "--arm", "b:actor.no_such=1"], "no_such"),
-    (["--actors", "1", "--arm", "a:", "--arm", "b=actor.threads=1"], "LABEL:KEY=VALUE"),
+    (["--actors", "1", "--arm", "a:", "--arm", "b=actor.threads=1"], "LABEL[@DIR]:KEY=VALUE"),
+    (["--stage", "learner", "--arm", "a:", "--arm", "b@.:"], "--stage system"),
 ])
 def test_bad_arms_are_refused_before_any_window(monkeypatch, capsys, argv, says):
     monkeypatch.setattr(sys, "argv", ["bench.ab", *argv])

@@ -491,6 +491,19 @@ def test_the_sorted_median_is_torch_median():
         assert torch.equal(lower_median(x, by_sort=True), x.median(dim=-1).values)
 
 
+def test_the_counted_median_of_uint8_values_is_torch_median():
+    """The median read off each row's counts of the 256 values (uint8 on a CPU) picks torch.median's element: on
+    random rows of odd and even lengths, rows of few distinct values (ties at the median), constant rows, rows all 0
+    or all 255, and a row of one value."""
+    g = torch.Generator().manual_seed(0)
+    cases = [torch.randint(0, 256, (5, 4, n), generator=g, dtype=torch.uint8) for n in (1, 2, 7, 8, 441)]
+    cases.append(torch.randint(86, 89, (64, 441), generator=g, dtype=torch.uint8))
+    cases.append(torch.stack([torch.full((441,), v, dtype=torch.uint8) for v in (0, 1, 87, 254, 255)]))
+    for x in cases:
+        got = lower_median(x)
+        assert got.dtype == torch.uint8 and torch.equal(got, x.float().median(dim=-1).values.to(torch.uint8))
+
+
 @pytest.mark.parametrize("torso", ["small", "minatar", "mlp"])
 @pytest.mark.parametrize("centre", [False, True])
 def test_frames_read_once_give_every_network_the_outputs_and_gradients_of_reading_them_itself(torso, centre):
