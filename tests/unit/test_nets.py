@@ -12,6 +12,7 @@ from lbc.nets import (
     LayerNormLSTM,
     LBCNet,
     PlainLSTM,
+    _uint8_lower_median,
     build_net,
     gather_rows,
     lower_median,
@@ -492,16 +493,17 @@ def test_the_sorted_median_is_torch_median():
 
 
 def test_the_counted_median_of_uint8_values_is_torch_median():
-    """The median read off each row's counts of the 256 values (uint8 on a CPU) picks torch.median's element: on
-    random rows of odd and even lengths, rows of few distinct values (ties at the median), constant rows, rows all 0
-    or all 255, and a row of one value."""
+    """The median read off each row's counts of the 256 values (uint8 on a CPU, 64 rows or more; any number when
+    called itself) picks torch.median's element: on random rows of odd and even lengths, rows of few distinct values
+    (ties at the median), constant rows, rows all 0 or all 255, and rows of one value."""
     g = torch.Generator().manual_seed(0)
-    cases = [torch.randint(0, 256, (5, 4, n), generator=g, dtype=torch.uint8) for n in (1, 2, 7, 8, 441)]
+    cases = [torch.randint(0, 256, (16, 4, n), generator=g, dtype=torch.uint8) for n in (1, 2, 7, 8, 441)]
     cases.append(torch.randint(86, 89, (64, 441), generator=g, dtype=torch.uint8))
-    cases.append(torch.stack([torch.full((441,), v, dtype=torch.uint8) for v in (0, 1, 87, 254, 255)]))
+    cases.append(torch.stack([torch.full((441,), v, dtype=torch.uint8) for v in (0, 1, 87, 254, 255)] * 13))
     for x in cases:
-        got = lower_median(x)
-        assert got.dtype == torch.uint8 and torch.equal(got, x.float().median(dim=-1).values.to(torch.uint8))
+        want = x.float().median(dim=-1).values.to(torch.uint8)
+        for got in (lower_median(x), _uint8_lower_median(x), _uint8_lower_median(x[:3])):
+            assert got.dtype == torch.uint8 and torch.equal(got, want[:len(got)])
 
 
 @pytest.mark.parametrize("torso", ["small", "minatar", "mlp"])
