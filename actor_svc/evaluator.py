@@ -184,7 +184,7 @@ def run(cfg: Config, stop: threading.Event, index: int = 0) -> int:
         # cost a blob's transfer, checksums and load every few seconds (about 20 ms of CPU for `impala`'s 4.9 MB)
         wanted = 0 if last is None else last + ec.every_versions
         puller.pull(min_version=wanted)
-        if puller.version < 0 or puller.version < wanted:
+        if puller.version < wanted:   # also while it holds nothing yet (version -1)
             stop.wait(1.0)
             continue
         version = puller.version
