@@ -183,16 +183,27 @@ def load(path: Path) -> tuple[str, dict]:
 
 def compare(paths: list[Path]) -> list[str]:
     """A table of the records under `paths` (each a bench.json or a folder holding one), one row a run,
-    labelled by its folder, preset, actors and settings."""
+    labelled by its folder, preset, actors and settings, and by its machine where they were not all one."""
     rows = [["run", *COLUMNS]]
-    for path in paths:
-        name, record = load(path)
+    runs = [load(path) for path in paths]
+    several_machines = len({record.get("machine") for _, record in runs}) > 1
+    for name, record in runs:
         settings = " ".join(record.get("settings", []))
         label = f"{name}: {record['preset']}, {record.get('actors', '?')} actors {settings}".rstrip()
+        if several_machines:
+            label += f" [{record.get('machine', '?')}]"
         rows.append([label, *summary_row(record)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths,
             strict=True))) for row in rows]
+
+
+def bar_names(names: list[str]) -> list[str]:
+    """Each run's label under its bars: its file's or folder's own name where those tell the runs apart, else the
+    whole name (records of one file name in several folders, zen4-s56/cpu beside amx-s54/cpu), so that no two
+    runs share a bar."""
+    short = [name.split("/")[-1] for name in names]
+    return short if len(set(short)) == len(short) else names
 
 
 def draw_comparison(paths: list[Path], path: Path) -> Path:
@@ -205,11 +216,15 @@ def draw_comparison(paths: list[Path], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     runs = [load(p) for p in paths]
-    names = [name.split("/")[-1] for name, _ in runs]
+    names = bar_names([name for name, _ in runs])
     fig, axes = plt.subplots(1, 3, figsize=(3 * max(4.5, 0.85 * len(runs)), 5.2), squeeze=False)
     ax = axes[0][0]
     mains = [main_run(rec) or {} for _, rec in runs]
-    bars = ax.bar(names, [m.get("frames_per_s", 0.0) for m in mains], color="tab:blue", label="frames/s in the window")
+    ceilings = [rec.get("stages", {}).get("ceiling_frames_per_s", 0.0) for _, rec in runs]
+    if any(ceilings):   # behind each run's bar, wider: how far the window fell short of its stages alone
+        ax.bar(names, ceilings, width=0.9, color="#d9d9d9", label="ceiling (its stages alone)")
+    bars = ax.bar(names, [m.get("frames_per_s", 0.0) for m in mains], width=0.6, color="tab:blue",
+                  label="frames/s in the window")
     ax.bar_label(bars, fmt="{:,.0f}", fontsize=7)
     bound = [(i, m["learner_bound_frames_per_s"]) for i, m in enumerate(mains) if "learner_bound_frames_per_s" in m]
     if bound:
@@ -217,7 +232,7 @@ def draw_comparison(paths: list[Path], path: Path) -> Path:
                    label="what the learner's steps keep up with")
     ax.set_ylabel("frames/s")
     ax.set_title("end to end", fontsize=10)
-    ax.set_ylim(top=1.3 * max([m.get("frames_per_s", 0.0) for m in mains] + [b for _, b in bound] + [1.0]))
+    ax.set_ylim(top=1.3 * max([m.get("frames_per_s", 0.0) for m in mains] + [b for _, b in bound] + ceilings + [1.0]))
     ax.legend(fontsize=7, loc="upper right")
     for ax, key, title in ((axes[0][1], "learner_step_ms", "the learner's step in the system, ms"),
                            (axes[0][2], "actor_loop_ms", "an actor's loop (its games stepped once), ms")):
@@ -236,7 +251,9 @@ def draw_comparison(paths: list[Path], path: Path) -> Path:
     for ax in axes[0]:
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     first = runs[0][1]
-    fig.suptitle(f"bench.throughput: preset {first['preset']}, {first['game']}, {first['machine']}", fontsize=10)
+    machines = {rec.get("machine") for _, rec in runs}
+    machine = first["machine"] if len(machines) == 1 else f"{len(machines)} machines (the table names each run's)"
+    fig.suptitle(f"bench.throughput: preset {first['preset']}, {first['game']}, {machine}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

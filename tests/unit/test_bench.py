@@ -385,6 +385,27 @@ def test_records_compare_side_by_side_by_their_main_run(tmp_path):
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_records_of_one_name_from_several_hosts_keep_their_own_bars_and_machines(tmp_path):
+    import json
+
+    from bench.record import bar_names, compare, main
+
+    record = _record()
+    hosts = (("zen4-s56", "AMD EPYC (family 25 model 17)"), ("amx-s54", "Intel Xeon (family 6 model 167)"))
+    for host, machine in hosts:
+        (tmp_path / host).mkdir()
+        (tmp_path / host / "cpu.json").write_text(json.dumps({**record, "machine": machine}))
+    paths = [tmp_path / "zen4-s56" / "cpu.json", tmp_path / "amx-s54" / "cpu.json"]
+    _, zen4, amx = compare(paths)
+    assert zen4.startswith("zen4-s56/cpu: ") and "[AMD EPYC (family 25 model 17)]" in zen4
+    assert "[Intel Xeon (family 6 model 167)]" in amx
+    # one machine: no machine in the labels
+    assert "[" not in compare([tmp_path / "zen4-s56" / "cpu.json"])[1].split("  ")[0]
+    assert bar_names(["zen4-s56/cpu", "amx-s54/cpu"]) == ["zen4-s56/cpu", "amx-s54/cpu"]
+    assert bar_names(["a", "b/7"]) == ["a", "7"]
+    assert main([*map(str, paths), "--picture", str(tmp_path / "hosts.png")]) == 0
+
+
 def test_the_machine_line_tells_apart_hosts_of_one_name_by_generation_and_bf16():
     zen3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n" \
            "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n"
