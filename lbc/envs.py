@@ -88,6 +88,13 @@ class AtariEnvs:
         self._lives = info["lives"]
         return obs
 
+    def restart(self) -> np.ndarray:
+        """New episodes in every game, each game's random numbers going on from where they are: ALE reloads a
+        game's ROM to seed it (about 0.1 s of CPU a game), and a reset without a seed does not (5 ms)."""
+        obs, info = self._env.reset(seed=None)
+        self._lives = info["lives"]
+        return obs
+
     def step(self, actions: np.ndarray) -> StepResult:
         self.send(actions)
         return self.recv()
@@ -145,6 +152,9 @@ class CatchEnvs:
             self._rng = np.random.default_rng(seed)
         self._reset_where(np.ones(self.num_envs, bool))
         return self._observe()
+
+    def restart(self) -> np.ndarray:
+        return self.reset()   # without a seed its generator goes on
 
     def step(self, actions: np.ndarray) -> StepResult:
         if actions.shape != (self.num_envs,) or actions.min() < 0 or actions.max() >= 3:
@@ -207,6 +217,10 @@ class GymnasiumEnvs:
         obs, _ = self._env.reset(seed=self._seed if seed is None else seed)
         return self._obs(obs)
 
+    def restart(self) -> np.ndarray:
+        obs, _ = self._env.reset(seed=None)   # gymnasium's generators go on
+        return self._obs(obs)
+
     def step(self, actions: np.ndarray) -> StepResult:
         if actions.shape != (self.num_envs,) or actions.min() < 0 or actions.max() >= self.spec.num_actions:
             raise ValueError(f"actions out of range [0, {self.spec.num_actions}): {actions}")
@@ -256,6 +270,12 @@ class MinAtarEnvs:
         self._steps[:] = 0
         return np.stack([self._board(e) for e in range(self.num_envs)])
 
+    def restart(self) -> np.ndarray:
+        for game in self._games:
+            game.reset()   # without a seed its generator goes on
+        self._steps[:] = 0
+        return np.stack([self._board(e) for e in range(self.num_envs)])
+
     def step(self, actions: np.ndarray) -> StepResult:
         if actions.shape != (self.num_envs,) or actions.min() < 0 or actions.max() >= MINATAR_ACTIONS:
             raise ValueError(f"actions out of range [0, {MINATAR_ACTIONS}): {actions}")
@@ -287,7 +307,8 @@ class VectorEnvs(Protocol):
     spec: EnvSpec
     num_envs: int
 
-    def reset(self, seed: int | None = None) -> np.ndarray: ...
+    def reset(self, seed: int | None = None) -> np.ndarray: ...   # None: the seed the games were made with
+    def restart(self) -> np.ndarray: ...   # new episodes, each game's random numbers going on (no seed)
     def step(self, actions: np.ndarray) -> StepResult: ...
     def close(self) -> None: ...
 
@@ -317,6 +338,13 @@ class IndependentEnvs:
     def reset(self, seed: int | None = None) -> np.ndarray:
         base = self._seed if seed is None else seed
         self._obs = np.concatenate([game.reset(base + i) for i, game in enumerate(self._games)])
+        return self._obs
+
+    def restart(self) -> np.ndarray:
+        """New episodes in every game, each game's random numbers going on from where they are (its restart):
+        what the evaluator starts every evaluation but its first with, as a seeded reset reloads each ALE game's
+        ROM (0.7 s of CPU for 8 games, 13% of an early `impala` evaluation's CPU)."""
+        self._obs = np.concatenate([game.restart() for game in self._games])
         return self._obs
 
     def step(self, actions: np.ndarray, playing: np.ndarray | None = None) -> StepResult:

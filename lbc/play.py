@@ -84,6 +84,9 @@ class RenderedGame:
             self._rng = np.random.default_rng(seed)
         return self._start(record=True)
 
+    def restart(self) -> np.ndarray:
+        return self.reset()   # without a seed its generator goes on
+
     def step(self, actions: np.ndarray) -> StepResult:
         reward, greys = self._advance(int(actions[0]), self.cfg.frameskip)
         done = self.ale.game_over()

@@ -311,3 +311,24 @@ def test_an_actor_reading_its_stacks_through_a_frame_ring_acts_as_it_did(preset,
     deep = load_config("lbc-bm", ["actor.precision=bf16"])
     deep_net = policy_net(acting_agent(deep, (4, 84, 84), 6))
     assert frame_ring(deep, deep_net, 2) is None
+
+
+def test_evaluations_after_the_first_go_on_from_the_games_random_numbers():
+    """The evaluator seeds its games for its first evaluation only (play with a seed), and starts each later one
+    where the games' random numbers are (play with None: envs.restart): the first scores as a seeded play on
+    fresh games, and a run of evaluations the same for the same seed."""
+    cfg = load_config("catch", ["eval.num_envs=3"])
+    torch.manual_seed(0)
+    agent = acting_agent(cfg, (1, cfg.env.catch_rows, cfg.env.catch_columns), 3)
+    net = policy_net(agent)
+
+    def evaluations(seeds: list[int | None]) -> list[list[float]]:
+        envs, generator = evaluation_envs(cfg, 3, 7), torch.Generator().manual_seed(7)
+        runs = [play(cfg, net, envs, 6, seed, "sample", make_acting(cfg, agent, 3), generator)[0] for seed in seeds]
+        envs.close()
+        return runs
+
+    first, second, third = evaluations([7, None, None])
+    assert evaluations([7]) == [first]
+    assert evaluations([7, None, None]) == [first, second, third]
+    assert len(second) == len(third) == 6

@@ -135,3 +135,26 @@ def test_minatar_is_reproducible_from_its_seed():
         runs.append(np.stack(frames))
     assert np.array_equal(*runs)
     assert not np.array_equal(runs[0][:, 0], runs[0][:, 1])   # the environments are seeded apart
+
+
+@pytest.mark.parametrize("overrides", [("env.kind=catch", "net.torso=auto"),
+                                       ("env.kind=gymnasium", "env.id=CartPole-v1", "net.torso=auto"),
+                                       ("env.kind=minatar", "env.game=breakout", "net.torso=auto")])
+def test_every_kind_restarts_its_games_where_their_random_numbers_are(overrides):
+    """restart (the evaluator's later evaluations): new episodes in every game, the same for the same history of
+    seed and actions, and not the seeded start again."""
+    cfg = _cfg(*overrides).env
+    made = [make_envs(cfg, 3, seed=4) for _ in range(2)]
+    firsts = [envs.reset() for envs in made]
+    history = [np.random.default_rng(t).integers(0, env_spec(cfg).num_actions, 3) for t in range(7)]
+    for envs in made:
+        for actions in history:
+            envs.step(actions)
+    again = [envs.restart() for envs in made]
+    np.testing.assert_array_equal(*again)
+    for a, b in zip(*[[envs.step(actions).obs for actions in history] for envs in made], strict=True):
+        np.testing.assert_array_equal(a, b)
+    if cfg.kind == "gymnasium":   # CartPole starts anywhere within +-0.05: a new start is not the seeded one
+        assert not np.array_equal(again[0], firsts[0])
+    for envs in made:
+        envs.close()
