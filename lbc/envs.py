@@ -266,9 +266,7 @@ class MinAtarEnvs:
         base = self._seed if seed is None else seed
         for e, game in enumerate(self._games):
             game.seed(int(np.random.SeedSequence([base, e]).generate_state(1)[0]))   # apart per environment
-            game.reset()
-        self._steps[:] = 0
-        return np.stack([self._board(e) for e in range(self.num_envs)])
+        return self.restart()
 
     def restart(self) -> np.ndarray:
         for game in self._games:
