@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lbc.blocked_conv import StridedConv2d, block_size
 from lbc.family import family_traits
 from lbc.frame_stacks import observations, stack_keep
 from lbc.lstm_bptt import EPS as LN_EPS
@@ -297,14 +298,10 @@ class FrameConv2d(nn.Conv2d):
             return out - torch.einsum("nc,cohw->nohw", x.medians, self._response_to_ones(w, x.shape[-2:]))
 
     def block_size(self, frame: tuple[int, ...]) -> int:
-        """The side k of the blocks in which this convolution can read frames [H, W] (Frames.blocks): its stride,
-        where that is the same both ways, divides the kernel and the frame, and nothing pads or dilates; else 1.
-        In blocks it is a stride-1 convolution of a kernel k times smaller over k * k times the channels: the same
-        sums, which oneDNN computes in fewer passes (decision 83)."""
-        k = self.stride[0]
-        fits = (k > 1 and self.stride == (k, k) and all(n % k == 0 for n in (*self.kernel_size, *frame[-2:]))
-                and all(p == 0 for p in self.padding) and self.dilation == (1, 1) and self.groups == 1)
-        return k if fits else 1
+        """The side k of the blocks in which this convolution can read frames [H, W] (Frames.blocks; 1: none,
+        lbc.blocked_conv.block_size). In blocks it is a stride-1 convolution of a kernel k times smaller over k * k
+        times the channels: the same sums, which oneDNN computes in fewer passes (decision 83)."""
+        return block_size(self, frame)
 
     def _weight_in_blocks(self, k: int, rotation: int = 0) -> torch.Tensor:
         """The weight [O, C, kh, kw] as [O, C k k, kh / k, kw / k]: w_b[o, c k k + dy k + dx, p, q] = w[o, c, k p + dy,
@@ -383,7 +380,7 @@ class SmallTorso(_ConvTorso):
 
     def __init__(self, obs_shape: tuple[int, ...], hidden: int) -> None:
         convs = nn.Sequential(FrameConv2d(obs_shape[0], 16, 8, stride=4), nn.ReLU(),
-                              nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(), Flatten())
+                              StridedConv2d(16, 32, 4, stride=2), nn.ReLU(), Flatten())
         super().__init__(convs, obs_shape, hidden)
 
 
@@ -815,15 +812,17 @@ class LBCNet(nn.Module):
         reset: torch.Tensor,
         state: tuple[torch.Tensor, torch.Tensor],
         extra: torch.Tensor | None = None,
+        last_step_grad: bool = True,
     ) -> NetOutput:
         """obs [T, B, *obs_shape] uint8 (or as torso_input read them); prev_action [T, B] int64; prev_reward
         [T, B] raw reward; reset [T, B] bool, True where x_t starts an episode (the state is zeroed before the
-        step); extra [T, B, extra_inputs] when the net has extra inputs."""
+        step); extra [T, B, extra_inputs] when the net has extra inputs. last_step_grad=False: the torso reads
+        the last step's frames without a gradient (the same outputs; for a loss that reads that step's outputs
+        only detached, its bootstrap state, whose torso backward would compute nothing the loss uses)."""
         if (extra is None) != (self.extra_inputs == 0):
             raise ValueError(f"this net takes {self.extra_inputs} extra inputs per step")
         steps, batch = obs.shape[:2]
-        x = self.torso_input(obs)
-        feats = self.torso(x.reshape(steps * batch, *x.shape[2:])).view(steps, batch, -1)
+        feats = self._features(self.torso_input(obs), last_step_grad)
         one_hot = nn.functional.one_hot(prev_action, self.num_actions).to(feats.dtype)
         parts = [feats, one_hot, prev_reward.clamp(-1.0, 1.0).unsqueeze(-1).to(feats.dtype)]
         core_in = torch.cat(parts if extra is None else [*parts, extra.to(feats.dtype)], -1)
@@ -835,20 +834,33 @@ class LBCNet(nn.Module):
         adv = raw_adv - raw_adv.mean(-1, keepdim=True)
         return NetOutput(adv=adv, value=value, state=(h, c))
 
+    def _features(self, x: torch.Tensor | Frames, last_step_grad: bool) -> torch.Tensor:
+        """The torso's features [T, B, F] of x [T, B, ...] (torso_input's), the last step's without a gradient
+        unless last_step_grad (forward)."""
+        steps, batch = x.shape[:2]
+        if last_step_grad or steps == 1 or not torch.is_grad_enabled():
+            return self.torso(x.reshape(steps * batch, *x.shape[2:])).view(steps, batch, -1)
+        learnt = self.torso(x[:-1].reshape((steps - 1) * batch, *x.shape[2:]))
+        with torch.no_grad():
+            last = self.torso(x[-1:].reshape(batch, *x.shape[2:]))
+        return torch.cat([learnt, last]).view(steps, batch, -1)
+
 
 def unroll_after_burn_in(net: LBCNet, frames: torch.Tensor | Frames, b: dict[str, torch.Tensor], burn: int,
-                         grad: bool, extra: torch.Tensor | None = None) -> NetOutput:
+                         grad: bool, extra: torch.Tensor | None = None, bootstrap_grad: bool = True) -> NetOutput:
     """The network's outputs over a stored sequence's learning steps [burn:], after `burn` burn-in steps from
     its stored LSTM state (b["h0"], b["c0"]) with no gradient (R2D2's burn-in). frames: the batch's observations
     [T, B, ...], or as the net's sequence_input read them (the learner reads a batch once for its online and target
-    networks)."""
+    networks). bootstrap_grad=False (with grad): the last step, the bootstrap state, has its frames read without a
+    gradient (LBCNet.forward's last_step_grad), for a loss that reads its outputs only detached."""
     inputs = (frames, b["prev_action"].long(), b["prev_reward"], b["reset"])
     state = (b["h0"], b["c0"])
     if burn > 0:
         with torch.no_grad():
             state = net(*(x[:burn] for x in inputs), state, None if extra is None else extra[:burn]).state
     with torch.set_grad_enabled(grad):
-        return net(*(x[burn:] for x in inputs), state, None if extra is None else extra[burn:])
+        return net(*(x[burn:] for x in inputs), state, None if extra is None else extra[burn:],
+                   last_step_grad=bootstrap_grad)
 
 
 def build_net(cfg, obs_shape: tuple[int, ...], num_actions: int) -> LBCNet:

@@ -102,7 +102,8 @@ class LbcLoss:
         lc = self.cfg.learner
         burn = self.cfg.sequence.burn_in
         b, target = prepared.batch, prepared.target
-        out = unroll_after_burn_in(model, prepared.frames, b, burn, grad=True)
+        # lbc_policy_loss reads the bootstrap step's outputs only detached: its frames need no torso gradient
+        out = unroll_after_burn_in(model, prepared.frames, b, burn, grad=True, bootstrap_grad=False)
 
         # all N policies in one loss call: the policy axis is a trailing batch axis
         actions = b["action"][burn:].long()

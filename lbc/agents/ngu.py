@@ -110,7 +110,8 @@ class NguLoss:
     def q_values(self, net: LBCNet, frames: torch.Tensor | Frames, b: dict[str, torch.Tensor], extra: torch.Tensor,
                  grad: bool) -> torch.Tensor:
         """Q(x_t, ., j) [T+1, B, A] of the learning steps, after burn-in from the stored state."""
-        out = unroll_after_burn_in(net, frames, b, self.cfg.sequence.burn_in, grad, extra)
+        # ngu_q_loss reads the bootstrap step's online Q only detached: its frames need no torso gradient
+        out = unroll_after_burn_in(net, frames, b, self.cfg.sequence.burn_in, grad, extra, bootstrap_grad=False)
         return q_of_heads(out.adv, out.value)
 
     def prepare(self, model: LBCNet, b: dict[str, torch.Tensor]) -> Prepared:

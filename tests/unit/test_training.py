@@ -297,6 +297,40 @@ def test_a_compiled_recurrence_trains_as_the_eager_one(monkeypatch):
     np.testing.assert_allclose(fused.priorities, eager.priorities, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("preset", ["cpu", "impala", "ngu"])
+def test_the_bootstrap_steps_frames_read_without_a_gradient_change_no_step(preset, monkeypatch):
+    """Every family's loss reads the online network's bootstrap step only detached, so its torso pass there runs
+    without a gradient (unroll_after_burn_in's bootstrap_grad=False): a step's loss, gradient and priorities match
+    those with the gradient kept within float rounding (the torso's rows summed in other batches), and the step
+    does take the pass without one (else this test could not tell)."""
+    from lbc.nets import LBCNet
+    features = LBCNet._features
+    seen = []
+
+    def recorded(keep_grad: bool):
+        def run(self, x, last_step_grad):
+            if torch.is_grad_enabled():
+                seen.append(last_step_grad)
+            return features(self, x, last_step_grad or keep_grad)
+        return run
+
+    layers = deep_merge(CATCH_SIZING, {"learner": {"warmup_steps": 0, "clip_norm": 1e9}})
+    batch = _batch(load_config(preset, layers), np.random.default_rng(3))
+    results = []
+    for keep_grad in (True, False):
+        monkeypatch.setattr(LBCNet, "_features", recorded(keep_grad))
+        torch.manual_seed(0)
+        trainer = Trainer(load_config(preset, layers))
+        seen.clear()
+        stats = trainer.train_step(batch)
+        assert seen and not any(seen)   # the online network's learning pass asks for the bootstrap step without
+        results.append((stats, torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])))
+    (kept, g_kept), (without, g_without) = results
+    torch.testing.assert_close(g_without, g_kept, rtol=1e-5, atol=1e-6 * float(g_kept.abs().max()))
+    assert without.loss == pytest.approx(kept.loss, rel=1e-6)
+    np.testing.assert_allclose(without.priorities, kept.priorities, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a visible GPU")
 def test_a_learner_replaying_the_recurrence_as_cuda_graphs_trains_as_the_eager_one():
     """learner.cuda_graphs: three steps (the graphs captured in the first, replayed with the weights each step
