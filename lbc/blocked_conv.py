@@ -64,11 +64,11 @@ class _InputGradInBlocks(torch.autograd.Function):
         k = ctx.k
         grad = grad.contiguous(memory_format=torch.channels_last)
         grad_x = input_grad_in_blocks(grad, weight, k) if ctx.needs_input_grad[0] else None
-        want_bias = ctx.has_bias and ctx.needs_input_grad[2]
+        # a gradient the mask leaves out comes back as None
         _, grad_w, grad_b = torch.ops.aten.convolution_backward(
             grad, x, weight, [weight.shape[0]] if ctx.has_bias else None, [k, k], [0, 0], [1, 1], False, [0, 0], 1,
-            [False, ctx.needs_input_grad[1], want_bias])
-        return grad_x, grad_w, grad_b if want_bias else None, None
+            [False, ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]])
+        return grad_x, grad_w, grad_b, None
 
 
 class StridedConv2d(nn.Conv2d):
