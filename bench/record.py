@@ -14,6 +14,8 @@ The record is a plain dict filled as the benchmark goes (keys below); only what 
   cpu: {service: cores}, agent_steps_per_s
   ceiling_gap_ms: {part: CPU ms an agent step} (a CPU learner: bench.cpu_use.ceiling_gap, the ratio's parts)
   other_inference: {inference, frames_per_s, x}
+  stages_after: {environment_agent_steps_per_s, inference_samples_per_s, learner_samples_per_s,
+                 ceiling_frames_per_s, ratio_to_mean_ceiling} (the stages alone again after the window)
 
 `python -m bench.record DIR|FILE ... [--picture PNG]` prints several runs' records side by side (the A/B runs
 of bench/gpu_checks.sh, say), one row a run, and draws them side by side.
@@ -73,6 +75,8 @@ def throughput_bars(record: dict) -> list[tuple[str, float]]:
     other = record.get("other_inference")
     if other:
         bars.append((f"inference\n{other['inference']}", other["frames_per_s"]))
+    if "stages_after" in record:
+        bars.append(("ceiling\nafter the window", record["stages_after"]["ceiling_frames_per_s"]))
     return bars
 
 
@@ -87,6 +91,8 @@ def _throughput(record: dict, ax) -> None:
     title = "frames/s"
     if record.get("ratio") is not None:
         title += f"; achieved / ceiling {record['ratio']:.2f}"
+    if "stages_after" in record:
+        title += f" ({record['stages_after']['ratio_to_mean_ceiling']:.2f} to both ceilings' mean)"
     ax.set_title(title, fontsize=10)
 
 

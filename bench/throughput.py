@@ -7,19 +7,20 @@ the share of sequences replay would draw again before the next copy). Combines t
 
     ceiling = cores / (1/env + 1/inference + replay_ratio/learner)     [agent steps/s]
 
-(with the learner on a GPU its term leaves the cores' sum and bounds on its own:
-min(cores / (1/env + 1/inference), learner / replay_ratio)), then runs the whole system (bench.system) with the
-launcher and prints achieved / ceiling, split for a CPU learner into the CPU an agent step the ceiling charges
-and what each service spent beyond it (bench.cpu_use.ceiling_gap), and the cores each service kept busy. On a CPU
-machine it starts as many actors as keep the cores busy at the ceiling (an actor's loop is serial, one
-core at most: actors_to_fill). It also splits one learner step into its parts (copy to the
-device, forward and loss, backward, optimiser), counts the operations an eager step dispatches (each a kernel
-launch on a GPU), and on a GPU machine reports peak memory and
-nvidia-smi's utilisation; --actor-scaling 1,2,4,8,12 runs the whole system per actor count against
-linear growth from the smallest count. For NGU presets it prints what the intrinsic reward costs per agent
-step, by how full the episodic memories are; --levers measures each speed lever on its stage and the whole
-system with the actors' other inference (local or central, decision 68), and --profile samples the running
-services with py-spy (bench.spy) to show where each thread is busy and where it waits.
+(with the learner on a GPU its term leaves the cores' sum and bounds on its own: min(cores / (1/env +
+1/inference), learner / replay_ratio)), then runs the whole system (bench.system) with the launcher and prints
+achieved / ceiling, split for a CPU learner into the CPU an agent step the ceiling charges and what each service
+spent beyond it (bench.cpu_use.ceiling_gap), and the cores each service kept busy; then it measures the stages
+alone again, as the host may drift within the hour, and prints the ceiling after the window too and achieved
+against the two ceilings' mean. On a CPU machine it starts as many actors as keep the cores busy at the ceiling
+(an actor's loop is serial, one core at most: actors_to_fill). It also splits one learner step into its parts
+(copy to the device, forward and loss, backward, optimiser), counts the operations an eager step dispatches (each
+a kernel launch on a GPU), and on a GPU machine reports peak memory and nvidia-smi's utilisation; --actor-scaling
+1,2,4,8,12 runs the whole system per actor count against linear growth from the smallest count. For NGU presets it
+prints what the intrinsic reward costs per agent step, by how full the episodic memories are; --levers measures
+each speed lever on its stage and the whole system with the actors' other inference (local or central, decision
+68), and --profile samples the running services with py-spy (bench.spy) to show where each thread is busy and
+where it waits.
 Figures are printed, never asserted: this is a benchmark, not a test.
 """
 
@@ -625,6 +626,27 @@ def stages(args: argparse.Namespace, cfg: Config, record: dict) -> tuple[float, 
     return env, inf, learn, ceiling
 
 
+def stages_again(args: argparse.Namespace, cfg: Config, before: float, achieved: float, on_gpu: bool) -> dict:
+    """The three stages measured alone again right after the preset's window, and achieved against the mean of the
+    ceilings before and after it: the 2-core VM's host drifts by 10-30% within an hour (docs/speed.md), so a
+    ceiling measured minutes before the window may belong to another hour than the window. Printed, and returned
+    for `record`."""
+    env, inf, learn = (env_rate(cfg, args.stage_seconds), inference_rate(cfg, args.stage_seconds),
+                       learner_rate(cfg, args.stage_seconds))
+    after = ceiling_rate(args.cores, env, inf, learn, cfg.replay.replay_ratio, on_gpu)
+    frame_skip = cfg.env.frames_per_step
+    print(f"the stages alone again after the window: environment {env:,.0f} agent steps/s, inference {inf:,.0f} "
+          f"samples/s, learner {learn:,.0f} samples/s; " + drift_line(before, after, achieved, frame_skip), flush=True)
+    return {"environment_agent_steps_per_s": env, "inference_samples_per_s": inf, "learner_samples_per_s": learn,
+            "ceiling_frames_per_s": after * frame_skip, "ratio_to_mean_ceiling": achieved / ((before + after) / 2)}
+
+
+def drift_line(before: float, after: float, achieved: float, frame_skip: int) -> str:
+    """The ceiling after the window against the one before (agent steps/s each), and achieved against their mean."""
+    return (f"ceiling {after * frame_skip:,.0f} frames/s (before the window {before * frame_skip:,.0f}: "
+            f"{after / before - 1:+.0%}); achieved / the two ceilings' mean = {achieved / ((before + after) / 2):.2f}")
+
+
 def split_line(what: str, unit: str, split: dict[str, float]) -> str:
     """One part-by-part line of milliseconds (bench.system's learner_step_split, actor_loop_split)."""
     line = (f"{what} in the system, ms ({unit}, {sum(split.values()):,.1f} in all): "
@@ -702,6 +724,7 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
                     gap = ceiling_gap(record["cpu"], args.cores, achieved, acting * 1e3, learning * 1e3)
                     record["ceiling_gap_ms"] = gap
                     print(ceiling_gap_line(gap), flush=True)
+                record["stages_after"] = stages_again(args, cfg, ceiling, achieved, on_gpu)
             for what, unit, key in (("learner step", "the training thread", "learner_step_ms"),
                                     ("an actor's loop", f"its {cfg.env.num_envs} games stepped once", "actor_loop_ms")):
                 if e2e[key]:

@@ -357,6 +357,19 @@ def test_a_bench_record_is_written_as_json_and_drawn(tmp_path):
                if k not in ("stages", "levers", "ratio", "other_inference", "ceiling_gap_ms")}
     assert [v for _, v in throughput_bars(partial)] == [5000.0, 7000.0]
     assert write(partial, tmp_path / "partial")[1].exists()
+    # the stages alone again after the window: their ceiling drawn last
+    after = record | {"stages_after": {"ceiling_frames_per_s": 8000.0, "ratio_to_mean_ceiling": 0.82}}
+    assert [v for _, v in throughput_bars(after)] == [9000.0, 5000.0, 7000.0, 6000.0, 8000.0]
+    assert write(after, tmp_path / "after")[1].exists()
+
+
+def test_the_drift_line_reads_achieved_against_the_mean_of_the_ceilings_before_and_after_the_window():
+    from bench.throughput import drift_line
+    # 2,000 agent steps/s before, 1,500 after (-25%), 1,400 achieved: 1,400 / 1,750 = 0.80; 4 frames a step
+    line = drift_line(2000.0, 1500.0, 1400.0, 4)
+    assert line == ("ceiling 6,000 frames/s (before the window 8,000: -25%); achieved / the two ceilings' mean = "
+                    "0.80")
+    assert "(before the window 8,000: +0%)" in drift_line(2000.0, 2000.0, 1800.0, 4)
 
 
 def test_records_compare_side_by_side_by_their_main_run(tmp_path):
