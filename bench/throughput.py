@@ -638,13 +638,19 @@ def stages_again(args: argparse.Namespace, cfg: Config, before: float, achieved:
     print(f"the stages alone again after the window: environment {env:,.0f} agent steps/s, inference {inf:,.0f} "
           f"samples/s, learner {learn:,.0f} samples/s; " + drift_line(before, after, achieved, frame_skip), flush=True)
     return {"environment_agent_steps_per_s": env, "inference_samples_per_s": inf, "learner_samples_per_s": learn,
-            "ceiling_frames_per_s": after * frame_skip, "ratio_to_mean_ceiling": achieved / ((before + after) / 2)}
+            "ceiling_frames_per_s": after * frame_skip, "ratio_to_mean_ceiling": ratio_to_mean(achieved, before, after)}
+
+
+def ratio_to_mean(achieved: float, before: float, after: float) -> float:
+    """Achieved against the mean of the ceilings before and after the window (agent steps/s each)."""
+    return achieved / ((before + after) / 2)
 
 
 def drift_line(before: float, after: float, achieved: float, frame_skip: int) -> str:
     """The ceiling after the window against the one before (agent steps/s each), and achieved against their mean."""
+    mean_ratio = ratio_to_mean(achieved, before, after)
     return (f"ceiling {after * frame_skip:,.0f} frames/s (before the window {before * frame_skip:,.0f}: "
-            f"{after / before - 1:+.0%}); achieved / the two ceilings' mean = {achieved / ((before + after) / 2):.2f}")
+            f"{after / before - 1:+.0%}); achieved / the two ceilings' mean = {mean_ratio:.2f}")
 
 
 def split_line(what: str, unit: str, split: dict[str, float]) -> str:
