@@ -39,9 +39,12 @@
 # one session's 15 minutes of device time (session 40 ran 700 s of commands in its 900 s), and a call cut short
 # still returns the records of the runs it finished. Run from the repository root:
 # bash bench/gpu_checks.sh [1|2|all], or a chosen few in order: bash bench/gpu_checks.sh runs 1 4 mg 9 (default
-# all; PY names the interpreter, default python3).
+# all; PY names the interpreter, default python3). DRY=1 prints each check's command (DRY-RUN ...) instead of running
+# it and needs no GPU: tests/unit/test_bench.py validates every check's settings and test selection that way, so
+# that a lent machine's minutes are not spent finding a stale one.
 set -uo pipefail
 PY=${PY:-python3}
+DRY=${DRY:-0}
 export PYTHONUNBUFFERED=1
 # one place for compiled kernels (without it, each service keeps its own under its run folder)
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/lbc-compile-cache}
@@ -61,16 +64,32 @@ system() {   # system LABEL [bench.throughput arguments...]: one end-to-end run 
     # a window of 40 s: session 38's of 15 s after 30 s of warm-up counted frames that filled the rate limiter's
     # slack and the queues to replay (1.36x what the learner's steps kept up with in the preset's run); about
     # 105 s a run
-    timeout 150 "$PY" -m bench.throughput --preset lbc-bm --game breakout --actors 16 --set actor.device=cuda \
-        --end-to-end-only --warmup 40 --seconds 40 "${out[@]}" "$@"
+    local args=(--preset lbc-bm --game breakout --actors 16 --set actor.device=cuda --end-to-end-only --warmup 40
+                --seconds 40 "${out[@]}" "$@")
+    if [ "$DRY" = 1 ]; then
+        printf 'DRY-RUN bench.throughput'; printf ' %q' "${args[@]}"; echo
+        return 0
+    fi
+    timeout 150 "$PY" -m bench.throughput "${args[@]}"
     [ -n "${OUT:-}" ] && cp "/tmp/gpu_checks/$n/bench.json" "$OUT/$n.json" 2>/dev/null
     return 0
+}
+
+tests() {   # tests LIMIT PYTEST-ARGUMENTS...: pytest under a time limit (DRY=1: printed)
+    local limit=$1
+    shift
+    if [ "$DRY" = 1 ]; then
+        printf 'DRY-RUN pytest'; printf ' %q' "$@"; echo
+        return 0
+    fi
+    timeout "$limit" "$PY" -m pytest -q -p no:cacheprovider "$@"
 }
 
 renice_actors() {   # renice_actors DELAY NICE: after DELAY seconds, every thread of every actor to NICE, and each actor's
     # scheduler autogroup too where the kernel has them (each service runs in its own session, so in its own
     # autogroup, and CFS shares the cores between autogroups before threads: a thread's nice alone would count
     # only within its actor). Tests whether the learner and replay lose their cores to 16 actors' games.
+    [ "$DRY" = 1 ] && { echo "   (dry run: the actors would be reniced to $2 after $1 s)"; return 0; }
     (sleep "$1"
      for pid in $(pgrep -f -- '--actor-id actor-'); do
          for t in /proc/"$pid"/task/*; do renice -n "$2" -p "${t##*/}" >/dev/null 2>&1; done
@@ -80,6 +99,7 @@ renice_actors() {   # renice_actors DELAY NICE: after DELAY seconds, every threa
 }
 
 mps_on() {   # start NVIDIA's MPS daemon once; false where the machine has none
+    [ "$DRY" = 1 ] && return 0
     if ! command -v nvidia-cuda-mps-control >/dev/null; then
         echo "== no MPS on this machine (nvidia-cuda-mps-control not found)"
         return 1
@@ -140,15 +160,15 @@ check() {   # check NUMBER: one of the numbered checks above
                  --set actor.inference=remote "${GRAPHS[@]}" ;;
         t) mps_off
            echo "== t. GPU tests of the CUDA graphs"
-           if timeout 120 "$PY" -m pytest -q -p no:cacheprovider -k "graphs" tests/unit/test_acting.py \
-               tests/unit/test_training.py tests/unit/test_remote_inference.py; then GRAPHS_OK=1; else GRAPHS_OK=0; fi ;;
+           if tests 120 -k "graphs" tests/unit/test_acting.py tests/unit/test_training.py \
+               tests/unit/test_remote_inference.py; then GRAPHS_OK=1; else GRAPHS_OK=0; fi ;;
         8) mps_off; system "8. preset again, with py-spy after the window" --profile ;;
         9) mps_off
            echo "== 9. GPU tests"
-           timeout 160 "$PY" -m pytest -q -p no:cacheprovider -k "cuda or gpu or pinned or compiled or graphs" \
-               tests/unit/test_devices.py tests/unit/test_stacked_frames.py tests/unit/test_prepare_ahead.py \
-               tests/unit/test_lstm_bptt.py tests/unit/test_training.py tests/unit/test_nets.py \
-               tests/unit/test_replicas.py tests/unit/test_remote_inference.py tests/unit/test_acting.py ;;
+           tests 160 -k "cuda or gpu or pinned or compiled or graphs" tests/unit/test_devices.py \
+               tests/unit/test_stacked_frames.py tests/unit/test_prepare_ahead.py tests/unit/test_lstm_bptt.py \
+               tests/unit/test_training.py tests/unit/test_nets.py tests/unit/test_replicas.py \
+               tests/unit/test_remote_inference.py tests/unit/test_acting.py ;;
         *) echo "no check $1" >&2; return 2 ;;
     esac
 }
@@ -161,6 +181,7 @@ case "${1:-all}" in
     *) echo "usage: bash bench/gpu_checks.sh [1|2|all|runs NUMBER...]" >&2; exit 2 ;;
 esac
 echo "autogroups: $(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null); cpu cgroup: $(grep -m1 cpu /proc/self/cgroup)"
-nproc; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+nproc
+[ "$DRY" = 1 ] || nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for n in "$@"; do check "$n"; done
 mps_off

@@ -537,12 +537,19 @@ def allocate_as_services(module: str) -> None:
         os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
 
 
+def argument_problem(args: argparse.Namespace) -> str:
+    """Why these parsed arguments cannot run together ('' when they can)."""
+    if args.end_to_end_only and (args.stages_only or args.levers or args.actors is None):
+        return ("--end-to-end-only needs --actors (without the stages nothing chooses them) and runs no stage: "
+                "not with --stages-only or --levers")
+    return ""
+
+
 def main() -> int:
     parser = build_parser()
     args = parser.parse_args()
-    if args.end_to_end_only and (args.stages_only or args.levers or args.actors is None):
-        parser.error("--end-to-end-only needs --actors (without the stages nothing chooses them) and runs no stage: "
-                     "not with --stages-only or --levers")
+    if problem := argument_problem(args):
+        parser.error(problem)
     allocate_as_services("bench.throughput")
     signal.signal(signal.SIGTERM, signal.default_int_handler)   # a kill stops the system under test too
     apply_machine_defaults(args, torch.cuda.is_available())

@@ -1,9 +1,16 @@
 """The throughput benchmark's ceiling, by hand."""
 
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from bench.throughput import build_parser, ceiling_rate, describe_cpu, precision_lever, preset_config
+from bench.throughput import argument_problem, build_parser, ceiling_rate, describe_cpu, precision_lever, preset_config
 from lbc.config import load_config
 
 
@@ -470,3 +477,38 @@ def test_the_bench_plays_the_presets_own_game_unless_told_and_names_a_bad_one():
     assert preset_config("cpu", "breakout", [])[0].env.game == "breakout"
     with pytest.raises(ValueError, match="env.game|MinAtar game"):
         preset_config("minatar", "pong", [])
+
+
+def _dry_run(root: Path, *argv: str) -> list[list[str]]:
+    """bench/gpu_checks.sh's commands for argv (DRY=1: printed, not run), each split as the shell would."""
+    done = subprocess.run(["bash", str(root / "bench" / "gpu_checks.sh"), *argv], cwd=root, capture_output=True,
+                          text=True, env={**os.environ, "DRY": "1"}, timeout=60)
+    assert done.returncode == 0 and "no check" not in done.stderr, done.stderr
+    return [shlex.split(line.removeprefix("DRY-RUN ")) for line in done.stdout.splitlines()
+            if line.startswith("DRY-RUN ")]
+
+
+def test_every_gpu_check_names_valid_settings_and_selects_tests():
+    """bench/gpu_checks.sh runs on a lent GPU machine's few minutes: a stale setting or an empty test selection there
+    costs a run. Its dry run prints every check's command: each bench.throughput command is parsed and its
+    configuration validated here as the bench would, and each pytest selection collected."""
+    root = Path(__file__).resolve().parents[2]
+    script = (root / "bench" / "gpu_checks.sh").read_text()
+    names = re.findall(r"^ {8}(\w+)\) ", script[script.index("check() {"):script.index("    esac")], re.MULTILINE)
+    assert {"1", "4", "9", "t", "msl", "msl1", "mgl"} <= set(names)
+    every = _dry_run(root, "runs", *names)
+    for group in ("1", "2", "all"):   # the parts name checks that exist
+        assert _dry_run(root, group)
+    benches = [command[1:] for command in every if command[0] == "bench.throughput"]
+    selections = [command[1:] for command in every if command[0] == "pytest"]
+    assert (len(benches), len(selections)) == (len(names) - 2, 2)   # t and 9 run tests, every other check a system
+    for argv in benches:
+        args = _args(*argv)
+        assert argument_problem(args) == "", argv
+        cfg, _ = preset_config(args.preset, args.game, args.overrides)   # raises on a stale or invalid setting
+        assert cfg.actor.device == "cuda"
+    for selection in selections:
+        done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                               *selection], cwd=root, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]   # 5: nothing selected
+        assert re.search(r"^\d+(/\d+)? tests? collected", done.stdout, re.MULTILINE), done.stdout[-500:]
