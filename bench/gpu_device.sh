@@ -3,6 +3,8 @@
 # bench/gpu_wheels.sh downloaded, checks that lbc imports and sees the GPU, then runs bench/gpu_checks.sh with these
 # arguments (e.g. `bash bench/gpu_device.sh 1`), its whole log in $OUT/log and each check's record in $OUT.
 set -uo pipefail
+ls .whl/*.whl >/dev/null 2>&1 || { echo "no wheels in .whl/: run bash bench/gpu_wheels.sh here and carry .whl" >&2; exit 1; }
+[ -d lbcproto ] || { echo "no lbcproto/: make install here, and carry lbcproto" >&2; exit 1; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
