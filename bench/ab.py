@@ -33,17 +33,15 @@ import re
 import signal
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from bench.cpu_use import cores_by_service, ms_by_role
-from bench.frame_read import cpu_block, cpu_timed
 from bench.system import end_to_end
-from bench.throughput import acting_step, allocate_as_services, describe_machine, learner_step, preset_config
-from lbc.config import PRESETS, Config
+from bench.throughput import allocate_as_services, describe_machine, preset_config, stage_figures, stage_step
+from lbc.config import PRESETS
 
 
 @dataclass(frozen=True)
@@ -160,21 +158,6 @@ def summary_lines(summary: dict, figures: dict[str, tuple[str, str]]) -> list[st
         rows.append("  ".join([f"{label:12}", cells[0], f"{arm['ratio_of_means'][headline]:7.3f}",
                                f"{by_round:{by_round_width}}", *cells[1:]]) + verdict)
     return rows
-
-
-def stage_step(cfg: Config, stage: str) -> tuple[Callable[[], float], int]:
-    """One step of `stage` as bench.throughput measures it alone, returning the CPU seconds it took (every thread
-    of this process: learner.prepare_ahead's too), and the samples a step makes."""
-    if stage == "learner":
-        return cpu_timed(learner_step(cfg)[1]), cfg.learner.batch_size * cfg.sequence.length
-    return cpu_timed(acting_step(cfg)), cfg.env.num_envs
-
-
-def stage_figures(step: Callable[[], float], samples: int, block_seconds: float) -> dict[str, float]:
-    """A block of `step` (stage_step) of `block_seconds` CPU seconds, after one step to warm up after the other
-    arm's block: samples per CPU second and CPU milliseconds a step."""
-    seconds = cpu_block(step, block_seconds)
-    return {"samples_per_cpu_s": samples / seconds, "cpu_ms_per_step": 1e3 * seconds}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 
 import lbc.nets
-from bench.throughput import acting_step, allocate_as_services, learner_step
+from bench.throughput import acting_step, allocate_as_services, cpu_block, cpu_timed, learner_step
 from lbc.config import PRESETS, load_config
 from lbc.devices import compute_precision
 from lbc.frame_stacks import observations
@@ -64,26 +63,6 @@ READS: dict[str, Read] = {
     "frames in blocks": Read(lbc.nets.pixel_dtype, _SEQUENCE_INPUT),
 }
 CURRENT = "frames in blocks"
-
-
-def cpu_timed(step: Callable[[], None]) -> Callable[[], float]:
-    """`step` returning the CPU seconds it took, every thread of the process counted (learner.prepare_ahead)."""
-    def timed() -> float:
-        start = time.process_time()
-        step()
-        return time.process_time() - start
-    return timed
-
-
-def cpu_block(step: Callable[[], float], block_seconds: float) -> float:
-    """Seconds per step of `step` (cpu_timed) over a block of `block_seconds` of what it returns, after one step
-    not counted: the first after a switch from another read or setting warms the allocator for it."""
-    step()
-    spent, steps = 0.0, 0
-    while spent < block_seconds:
-        spent += step()
-        steps += 1
-    return spent / steps
 
 
 def interleaved(step: Callable[[], float], rounds: int, block_seconds: float) -> dict[str, float]:

@@ -8,7 +8,7 @@ The record is a plain dict filled as the benchmark goes (keys below); only what 
   machine, cores, preset, game, settings                           what ran where
   stages: {environment_agent_steps_per_s, inference_samples_per_s, learner_samples_per_s (each alone on one
            core), learner_step_ms, operations, ceiling_frames_per_s}
-  levers: [{lever, stage, rate, gain, ceiling_frames_per_s}]
+  levers: [{lever, stage, rate, gain, ceiling_frames_per_s, preset_rate (the preset's stage measured in turn)}]
   end_to_end: [{actors, frames_per_s, learner_steps_per_s, learner_bound_frames_per_s, lag, held, waited, ...}]
   actors (the end-to-end run the rest is of), ratio, learner_step_ms, actor_loop_ms, inference_passes,
   cpu: {service: cores}, agent_steps_per_s

@@ -241,6 +241,52 @@ def learner_rate(cfg: Config, seconds: float) -> float:
     return steps * cfg.learner.batch_size * cfg.sequence.length / (clock() - start)
 
 
+def cpu_timed(step: Callable[[], None]) -> Callable[[], float]:
+    """`step` returning the CPU seconds it took, every thread of the process counted (learner.prepare_ahead)."""
+    def timed() -> float:
+        start = time.process_time()
+        step()
+        return time.process_time() - start
+    return timed
+
+
+def cpu_block(step: Callable[[], float], block_seconds: float) -> float:
+    """Seconds per step of `step` (cpu_timed) over a block of `block_seconds` of what it returns, after one step
+    not counted: the first after a switch from another read or setting warms the allocator for it."""
+    step()
+    spent, steps = 0.0, 0
+    while spent < block_seconds:
+        spent += step()
+        steps += 1
+    return spent / steps
+
+
+def stage_step(cfg: Config, stage: str) -> tuple[Callable[[], float], int]:
+    """One step of `stage` as bench.throughput measures it alone, returning the CPU seconds it took (every thread
+    of this process: learner.prepare_ahead's too), and the samples a step makes."""
+    if stage == "learner":
+        return cpu_timed(learner_step(cfg)[1]), cfg.learner.batch_size * cfg.sequence.length
+    return cpu_timed(acting_step(cfg)), cfg.env.num_envs
+
+
+def stage_figures(step: Callable[[], float], samples: int, block_seconds: float) -> dict[str, float]:
+    """A block of `step` (stage_step) of `block_seconds` CPU seconds, after one step to warm up after the other
+    arm's block: samples per CPU second and CPU milliseconds a step."""
+    seconds = cpu_block(step, block_seconds)
+    return {"samples_per_cpu_s": samples / seconds, "cpu_ms_per_step": 1e3 * seconds}
+
+
+def in_turn(arms: list[tuple[Callable[[], float], int]], seconds: float) -> list[float]:
+    """Samples per CPU second of each of two stage steps (stage_step: the preset's and a lever's), measured in four
+    blocks of `seconds` / 2 CPU seconds taking turns, A B B A: a drift of the host steady over the minutes the levers
+    take moves both alike. Measured one after the other, a lever read the hour as well as itself (session 60: the
+    acting step alone 7,043 samples/s before the levers, 4,519 minutes later)."""
+    per_step: list[list[float]] = [[], []]
+    for arm in (0, 1, 1, 0):
+        per_step[arm].append(stage_figures(*arms[arm], seconds / 2)["cpu_ms_per_step"])
+    return [arms[i][1] * 2e3 / sum(per_step[i]) for i in (0, 1)]
+
+
 def learner_parts(cfg: Config, steps: int = 10) -> dict[str, float]:
     """Milliseconds per learner step in its parts, waiting for the device after each: the batch's copy to
     the learner's device, forward and loss (copy excluded), backward, clipping and the optimiser step; on a
@@ -403,26 +449,42 @@ def precision_lever(cfg: Config) -> dict[str, tuple[str, list[str]]]:
     return levers
 
 
-def lever_rows(cfg_of: dict[str, tuple[str, Config]], base: dict[str, float], cores: int,
+def stage_on_cpu(cfg: Config, stage: str) -> bool:
+    """Whether the inference or learner stage of `cfg` runs on the CPU, where in_turn's CPU seconds measure it."""
+    section = "learner" if stage == "learner" else "actor"
+    return pick_device(getattr(cfg, section).device, f"{section}.device").type == "cpu"
+
+
+def lever_rows(preset: Config, cfg_of: dict[str, tuple[str, Config]], base: dict[str, float], cores: int,
                seconds: float) -> Iterator[dict]:
     """One row per lever, as it is measured: the stage it acts on measured with it ("rate"), its gain over the
-    preset, and the ceiling the whole machine would have with it (frames/s)."""
+    preset, and the ceiling the whole machine would have with it (frames/s): the preset's stages with this one's
+    rate scaled by the gain. On the CPU the gain is against the preset's stage measured in turn with the lever's
+    (in_turn, over 2 x `seconds`; "preset_rate" is that measure of the preset); elsewhere against the preset's rate
+    in `base`, measured before the levers."""
     rates = {"environment": env_rate, "inference": inference_rate, "learner": learner_rate}
     for lever, (stage, cfg) in cfg_of.items():
-        rate = rates[stage](cfg, seconds)
-        with_lever = {**base, stage: rate}
+        preset_rate = None
+        if stage in ("inference", "learner") and stage_on_cpu(cfg, stage) and stage_on_cpu(preset, stage):
+            preset_rate, rate = in_turn([stage_step(preset, stage), stage_step(cfg, stage)], seconds)
+            gain = rate / preset_rate
+        else:
+            rate = rates[stage](cfg, seconds)
+            gain = rate / base[stage]
+        with_lever = {**base, stage: base[stage] * gain}
         ceiling = ceiling_rate(cores, with_lever["environment"], with_lever["inference"], with_lever["learner"],
                                cfg.replay.replay_ratio, pick_device(cfg.learner.device, "learner.device").type == "cuda"
                                ) * cfg.env.frames_per_step
-        yield {"lever": lever, "stage": stage, "rate": rate, "gain": rate / base[stage],
-               "ceiling_frames_per_s": ceiling}
+        yield {"lever": lever, "stage": stage, "rate": rate, "gain": gain, "ceiling_frames_per_s": ceiling,
+               "preset_rate": preset_rate}
 
 
-LEVER_HEADER = "lever                      stage        alone/s    gain   ceiling frames/s"
+LEVER_HEADER = "lever                      stage        alone/s  preset/s    gain   ceiling frames/s"
 
 
 def lever_line(row: dict) -> str:
-    return (f"{row['lever']:26} {row['stage']:11} {row['rate']:9,.0f} {row['gain']:6.2f}x "
+    preset = "-" if row.get("preset_rate") is None else f"{row['preset_rate']:,.0f}"
+    return (f"{row['lever']:26} {row['stage']:11} {row['rate']:9,.0f} {preset:>9} {row['gain']:6.2f}x "
             f"{row['ceiling_frames_per_s']:12,.0f}")
 
 
@@ -625,9 +687,11 @@ def stages(args: argparse.Namespace, cfg: Config, record: dict) -> tuple[float, 
         levers = {name: (stage, load_config(args.preset, [f"env.game={args.game}", *args.overrides, *sets]))
                   for name, (stage, sets) in settings.items()}
         base = {"environment": env, "inference": inf, "learner": learn}
+        print("levers: each CPU stage's gain against the preset's measured in turn with it (A B B A blocks of CPU "
+              "time); the ceiling with the preset's stages and this one's scaled by the gain", flush=True)
         print(LEVER_HEADER, flush=True)
         record["levers"] = []
-        for row in lever_rows(levers, base, args.cores, args.stage_seconds):
+        for row in lever_rows(cfg, levers, base, args.cores, args.stage_seconds):
             print(lever_line(row), flush=True)
             record["levers"].append(row)
     return env, inf, learn, ceiling

@@ -5,12 +5,22 @@ import re
 import shlex
 import subprocess
 import sys
+from itertools import count
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bench.throughput import argument_problem, build_parser, ceiling_rate, describe_cpu, precision_lever, preset_config
+from bench.throughput import (
+    argument_problem,
+    build_parser,
+    ceiling_rate,
+    describe_cpu,
+    in_turn,
+    precision_lever,
+    preset_config,
+    stage_figures,
+)
 from lbc.config import load_config
 
 
@@ -512,3 +522,17 @@ def test_every_gpu_check_names_valid_settings_and_selects_tests():
                                *selection], cwd=root, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]   # 5: nothing selected
         assert re.search(r"^\d+(/\d+)? tests? collected", done.stdout, re.MULTILINE), done.stdout[-500:]
+
+
+def test_a_lever_measured_in_turn_with_the_preset_is_not_fooled_by_a_steady_drift():
+    calls = count()
+
+    def drifting(seconds_a_step: float):   # every step of either arm costs 0.1% more than the one before
+        return lambda: seconds_a_step * (1 + 0.001 * next(calls))
+
+    preset, lever = in_turn([(drifting(0.010), 10), (drifting(0.008), 10)], seconds=1.0)
+    assert lever / preset == pytest.approx(1.25, rel=0.01)   # the lever's steps are 0.8 of the preset's
+    # one after the other, as the levers were measured before: the same drift reads as a smaller gain
+    first = stage_figures(drifting(0.010), 10, 1.0)["samples_per_cpu_s"]
+    then = stage_figures(drifting(0.008), 10, 1.0)["samples_per_cpu_s"]
+    assert then / first < 1.2

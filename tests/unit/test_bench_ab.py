@@ -10,11 +10,11 @@ from bench.ab import (
     parse_arm,
     schedule,
     sign_test_p,
-    stage_figures,
     summarise,
     summary_lines,
     window_figures,
 )
+from bench.throughput import stage_figures
 
 
 def test_an_arm_is_a_label_and_settings_whose_values_may_hold_commas():
