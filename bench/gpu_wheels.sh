@@ -2,8 +2,8 @@
 # Here, before a lent GPU machine's first call: downloads into .whl/ (ignored by git) the wheels of what lbc's services
 # import that the machine's image lacks or holds at other versions, at constraints.txt's pins, for the image's Python
 # (3.12.3 in 2026-11: /work/.library/device/KINDS.md; PYVER=3.11 for another). Nothing can be fetched there. The
-# device tool's call then carries .whl and lbcproto and runs bench/gpu_device.sh, which installs them
-# (docs/speed.md, "On a lent GPU machine").
+# device tool's call then carries .whl and lbcproto and runs bench/gpu_device.sh, which installs them (README,
+# the `make bench` paragraph: "On a lent machine").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYVER=${PYVER:-3.12}

@@ -32,6 +32,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -283,8 +284,8 @@ def in_turn(arms: list[tuple[Callable[[], float], int]], seconds: float) -> list
     acting step alone 7,043 samples/s before the levers, 4,519 minutes later)."""
     per_step: list[list[float]] = [[], []]
     for arm in (0, 1, 1, 0):
-        per_step[arm].append(stage_figures(*arms[arm], seconds / 2)["cpu_ms_per_step"])
-    return [arms[i][1] * 2e3 / sum(per_step[i]) for i in (0, 1)]
+        per_step[arm].append(cpu_block(arms[arm][0], seconds / 2))
+    return [samples / statistics.fmean(times) for (_, samples), times in zip(arms, per_step, strict=True)]
 
 
 def learner_parts(cfg: Config, steps: int = 10) -> dict[str, float]:
@@ -463,10 +464,13 @@ def lever_rows(preset: Config, cfg_of: dict[str, tuple[str, Config]], base: dict
     (in_turn, over 2 x `seconds`; "preset_rate" is that measure of the preset); elsewhere against the preset's rate
     in `base`, measured before the levers."""
     rates = {"environment": env_rate, "inference": inference_rate, "learner": learner_rate}
+    preset_steps: dict[str, tuple[Callable[[], float], int]] = {}   # built once a stage, measured beside each lever
     for lever, (stage, cfg) in cfg_of.items():
         preset_rate = None
         if stage in ("inference", "learner") and stage_on_cpu(cfg, stage) and stage_on_cpu(preset, stage):
-            preset_rate, rate = in_turn([stage_step(preset, stage), stage_step(cfg, stage)], seconds)
+            if stage not in preset_steps:
+                preset_steps[stage] = stage_step(preset, stage)
+            preset_rate, rate = in_turn([preset_steps[stage], stage_step(cfg, stage)], seconds)
             gain = rate / preset_rate
         else:
             rate = rates[stage](cfg, seconds)
