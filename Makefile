@@ -4,6 +4,7 @@ VENV        := .venv
 PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 PROTO_OUT   := lbcproto/lbc_pb2.py
+NATIVE      := lbc/liblbc_native.so
 PRESET      ?= cpu
 GAME        ?= $(if $(filter catch,$(PRESET)),catch,pong)
 ACTORS      ?= 1
@@ -34,7 +35,7 @@ help:
 	@echo "make image   the container image (VARIANT=cpu|gpu); kubectl apply -k k8s/ deploys it"
 	@echo "make install the virtual environment (.venv) alone"
 
-install: $(STAMP) $(PROTO_OUT)
+install: $(STAMP) $(PROTO_OUT) $(NATIVE)
 
 # uv installs in about half pip's time (71-86 s against 149 s on two cores, bytecode compiled as pip compiles
 # it; CI installs on every run). uv does not read pip's configuration: it is given pip's local wheel folder
@@ -62,6 +63,11 @@ $(PROTO_OUT): proto/lbcproto/lbc.proto $(STAMP)
 	touch lbcproto/__init__.py
 	# the editable install maps only packages that existed when it ran: map the generated one too
 	$(UV_INSTALL) --no-deps -e . || $(PY) -m pip install -q --no-deps -e .
+
+# The CPU learner's LayerNorm-LSTM unroll in C++ (lbc.native, decision 90): about 30 s of g++ on two cores. Where it
+# cannot be built the learner unrolls by TorchScript (the same equations, slower) and says so in its log.
+$(NATIVE): lbc/csrc/ln_lstm.cpp lbc/native.py $(STAMP)
+	$(PY) -m lbc.native || echo "lbc/liblbc_native.so not built: the CPU learner unrolls its LSTM by TorchScript" >&2
 
 run: bytecode
 	$(PY) -m lbc.launch --preset $(PRESET) --game $(GAME) --actors $(ACTORS) --name $(NAME) $(ARGS)
@@ -131,4 +137,4 @@ lint: install
 	$(PY) -m ruff check .
 
 clean:
-	rm -rf $(VENV) lbcproto runs .pytest_cache build
+	rm -rf $(VENV) lbcproto runs .pytest_cache build $(NATIVE)

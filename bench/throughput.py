@@ -45,6 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from bench.cpu_use import ceiling_gap, ceiling_gap_line, cores_by_service, cpu_table
 from bench.record import write as write_record
 from bench.system import GpuSampler, end_to_end
+from lbc import native
 from lbc.acting import CoreInputs, acting_agent, forward, frame_ring
 from lbc.agents import Acting, family_of, make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
@@ -350,12 +351,12 @@ class _OperationCount(TorchDispatchMode):
 def learner_operations(cfg: Config, batch_size: int = 2) -> int:
     """Operations one eager learner step dispatches, forward, loss, backward and optimiser, each at least one
     kernel launch on a GPU, where launching is what bounds the paper preset's step (docs/speed.md). Counted on
-    the CPU with learner.compile and cuda_graphs off, one part, nothing prepared ahead and every target
-    unrolled, so that the count is the same from step to step; it does not depend on the batch size, so a batch
-    of two makes it."""
+    the CPU with learner.compile and cuda_graphs off, the unroll as a GPU runs it (not lbc.native's), one part,
+    nothing prepared ahead and every target unrolled, so that the count is the same from step to step; it does not
+    depend on the batch size, so a batch of two makes it."""
     cfg = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={
-        "device": "cpu", "compile": False, "cuda_graphs": False, "prepare_ahead": False, "target_cache": False,
-        "split_batch": 1, "batch_size": batch_size})})
+        "device": "cpu", "compile": False, "cuda_graphs": False, "native_unroll": False, "prepare_ahead": False,
+        "target_cache": False, "split_batch": 1, "batch_size": batch_size})})
     batch = _learner_batch(cfg)
     trainer = Trainer(cfg)
     trainer.train_step(batch)   # the optimiser's state is made in the first step
@@ -370,15 +371,25 @@ def learner_operations(cfg: Config, batch_size: int = 2) -> int:
 def learner_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
     """The learner's levers against what the preset runs: batches prepared ahead or not, whichever it does not
     (a row read backwards where it does), and, where it keeps a target network's outputs (lbc.target_cache),
-    not keeping them (read backwards: what keeping them gives). A lever the preset cannot use (a target cache
-    without a target network) is no row: it would measure the preset again."""
+    not keeping them (read backwards: what keeping them gives); where it reads frames in blocks or unrolls its LSTM
+    natively, not doing so. A lever the preset cannot use (a target cache without a target network) is no row: it
+    would measure the preset again."""
     ahead = cfg.learner.prepare_ahead
     levers = {f"batches {'not ' if ahead else ''}prepared ahead": ("learner", [f"learner.prepare_ahead={not ahead}"])}
     if cfg.learner.target_update_every > 0 and cfg.learner.target_cache:
         levers["target outputs not kept"] = ("learner", ["learner.target_cache=false"])
     if reads_frame_blocks(cfg):
         levers["frames not in blocks"] = ("learner", ["learner.frame_blocks=false"])
+    if unrolls_natively(cfg):
+        levers["LSTM unrolled by TorchScript"] = ("learner", ["learner.native_unroll=false"])
     return levers
+
+
+def unrolls_natively(cfg: Config) -> bool:
+    """Whether the preset's learner unrolls its LayerNorm-LSTM by lbc.native's C++ (decision 90): set so, on a CPU,
+    and the library loads here."""
+    return (cfg.learner.native_unroll and cfg.net.core == "layernorm_lstm"
+            and pick_device(cfg.learner.device, "learner.device").type == "cpu" and native.ln_lstm_ops() is not None)
 
 
 def reads_frame_blocks(cfg: Config) -> bool:

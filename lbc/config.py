@@ -236,6 +236,9 @@ class LearnerConfig(_Section):
     frame_blocks: bool = Field(True, description="a bf16 CPU learner reads its frames in blocks of the first "
                                "convolution's stride where that convolution can, and convolves them as a stride-1 "
                                "convolution (the same sums; decision 83)")
+    native_unroll: bool = Field(True, description="a CPU learner unrolls its LayerNorm-LSTM by lbc.native's C++ "
+                                "(built by make install; the same equations in one pass a row, decision 90), else by "
+                                "TorchScript")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when a GPU is visible")
     replicas: int = Field(1, ge=1, le=64, description="learner processes training one model, each on its own "
                           "batches, gradients averaged every step (learner_svc.replicas); replica 0 publishes "

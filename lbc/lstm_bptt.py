@@ -34,6 +34,8 @@ from collections.abc import Callable
 
 import torch
 
+from lbc import native
+
 EPS = 1e-5   # nn.LayerNorm's default, as the module's norms have
 MAX_GRAPHS = 16   # CUDA graphs kept per network and its copies; a shape past them unrolls eagerly
 GRAPH_BATCH = 8   # forward_by_graphs pads the batch to a multiple of this
@@ -148,23 +150,37 @@ def unroll_backward(d_out: torch.Tensor, d_h: torch.Tensor, d_c: torch.Tensor, k
     return d_gates, dh, dc, d_weight, d_hidden_gain, d_cell_gain, d_cell_bias
 
 
-def _run(fn: Callable[..., tuple[torch.Tensor, ...]], inputs: tuple[torch.Tensor, ...], graphs: GraphCache | None
-         ) -> tuple[torch.Tensor, ...]:
-    """unroll_forward or unroll_backward over inputs: replayed by `graphs` where given (CUDA), as TorchScript compiled
-    it on a CPU (on_cpu), else eagerly."""
+def native_runs(inputs: tuple[torch.Tensor, ...]) -> bool:
+    """Whether lbc.native's unroll takes these unroll_forward or unroll_backward inputs: CPU tensors in float32, the
+    hidden weight (the fifth) in float32 or bfloat16, and the library loaded (lbc.native.ln_lstm_ops)."""
+    # the hidden weight is the fifth of both functions' inputs; unroll_backward's ninth, kept_h, is in its dtype
+    return (not inputs[0].is_cuda and all(t.dtype == torch.float32 for i, t in enumerate(inputs) if i not in (4, 8))
+            and inputs[4].dtype in (torch.float32, torch.bfloat16) and native.ln_lstm_ops() is not None)
+
+
+def _run(fn: Callable[..., tuple[torch.Tensor, ...]], inputs: tuple[torch.Tensor, ...], graphs: GraphCache | None,
+         native_unroll: bool = False) -> tuple[torch.Tensor, ...]:
+    """unroll_forward or unroll_backward over inputs: replayed by `graphs` where given (CUDA); on a CPU by lbc.native's
+    C++ where native_unroll asks for it and it runs (native_runs), else as TorchScript compiled it (on_cpu); eagerly
+    on a GPU without graphs."""
     if graphs is not None:
         return graphs.run(fn, inputs)
-    return fn(*inputs) if inputs[0].is_cuda else on_cpu(fn)(*inputs)
+    if inputs[0].is_cuda:
+        return fn(*inputs)
+    if native_unroll and native_runs(inputs):
+        forward, backward = native.ln_lstm_ops()
+        return tuple(forward(*inputs, EPS) if fn is unroll_forward else backward(*inputs))
+    return on_cpu(fn)(*inputs)
 
 
 class _Unroll(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, graphs: GraphCache | None, *inputs: torch.Tensor   # noqa: ANN001
+    def forward(ctx, graphs: GraphCache | None, native_unroll: bool, *inputs: torch.Tensor   # noqa: ANN001
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        results = _run(unroll_forward, inputs, graphs)
+        results = _run(unroll_forward, inputs, graphs, native_unroll)
         keep, weights = inputs[1], inputs[4:]
-        ctx.graphs = graphs
+        ctx.graphs, ctx.native_unroll = graphs, native_unroll
         ctx.save_for_backward(keep, *weights, *results[3:])
         return results[:3]
 
@@ -172,8 +188,8 @@ class _Unroll(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:   # noqa: ANN001
         inputs = (*grads, *ctx.saved_tensors)
-        d_xs, dh, dc, *d_weights = _run(unroll_backward, inputs, ctx.graphs)
-        return None, d_xs, None, dh, dc, *d_weights
+        d_xs, dh, dc, *d_weights = _run(unroll_backward, inputs, ctx.graphs, ctx.native_unroll)
+        return None, None, d_xs, None, dh, dc, *d_weights
 
 
 class GraphCache:
@@ -223,14 +239,15 @@ class GraphCache:
 
 def ln_lstm_steps_bptt(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
                        hidden_weight: torch.Tensor, hidden_gain: torch.Tensor, cell_gain: torch.Tensor,
-                       cell_bias: torch.Tensor, graphs: GraphCache | None = None
+                       cell_bias: torch.Tensor, graphs: GraphCache | None = None, native_unroll: bool = False
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """lbc.nets.ln_lstm_steps (the same arguments and results: every step's h [T, B, H] and the last (h, c)) with
     the backward above, outside autocast. Float tensors of one dtype, but for hidden_weight, which may be in a
     lower one (bfloat16) for the recurrent products: LayerNormLSTM's unroll under autocast passes it cast once,
     where autocast would cast it at every step and its gradient back at every step. With `graphs` (CUDA
-    tensors only) the forward and the backward replay CUDA graphs."""
-    return _Unroll.apply(graphs, xs, keep, h, c, hidden_weight, hidden_gain, cell_gain, cell_bias)
+    tensors only) the forward and the backward replay CUDA graphs; with native_unroll (CPU tensors) they run
+    lbc.native's C++ where it is built and loads (native_runs): the same equations (decision 90)."""
+    return _Unroll.apply(graphs, native_unroll, xs, keep, h, c, hidden_weight, hidden_gain, cell_gain, cell_bias)
 
 
 def forward_by_graphs(graphs: GraphCache, xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor,

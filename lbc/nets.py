@@ -527,6 +527,7 @@ class LayerNormLSTM(nn.Module):
 
         self.compiled = False   # compile_unroll: the recurrence as torch.compile's fused kernels, in chunks of steps
         self.graphs: GraphCache | None = None   # graph_unroll: on a GPU, the unroll as CUDA graphs
+        self.native = False   # native_unroll: on a CPU, the unroll that trains by lbc.native's C++
 
     def compile_unroll(self) -> None:
         """Unroll the recurrence through torch.compile's kernels for ln_lstm_steps, COMPILED_STEPS steps per
@@ -540,6 +541,12 @@ class LayerNormLSTM(nn.Module):
         eager launches about 22 per step. Copies made after (the target network) share the graphs."""
         self.graphs = GraphCache()
 
+    def native_unroll(self) -> None:
+        """On a CPU, run the unroll that lbc.lstm_bptt runs (its forward and written-out backward) by lbc.native's
+        C++ where that is built and loads, else by TorchScript as before (decision 90). Copies made after (the target
+        network) too."""
+        self.native = True
+
     def forward(self, x: torch.Tensor, keep: torch.Tensor,
                 state: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """x [T, B, in]; keep [T, B, 1] zero where the state resets before step t. Returns h [T, B, H], (h, c)."""
@@ -552,9 +559,9 @@ class LayerNormLSTM(nn.Module):
             device = xs.device.type
             low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
             if low is not None and (trains or weights[0].dtype != low):
-                out, h, c = self._mixed_unroll(xs, keep, h, c, weights, low)
+                out, h, c = self._mixed_unroll(xs, keep, h, c, weights, low, self.native)
             elif trains:
-                out, h, c = ln_lstm_steps_bptt(xs, keep, h, c, *weights, graphs=graphs)
+                out, h, c = ln_lstm_steps_bptt(xs, keep, h, c, *weights, graphs=graphs, native_unroll=self.native)
             elif graphs and low is None:
                 out, h, c = forward_by_graphs(graphs, xs, keep, h, c, *weights)
             else:
@@ -571,7 +578,7 @@ class LayerNormLSTM(nn.Module):
 
     @staticmethod
     def _mixed_unroll(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
-                      weights: tuple[torch.Tensor, ...], low: torch.dtype
+                      weights: tuple[torch.Tensor, ...], low: torch.dtype, native_unroll: bool = False
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The unroll under autocast (the learner's; an actor's network keeps its weights in `low` already):
         lbc.lstm_bptt's forward and written-out backward with the recurrent products in autocast's dtype `low`
@@ -580,7 +587,8 @@ class LayerNormLSTM(nn.Module):
         the state's float32, where autocast ran the gates in bfloat16 (decision 82). Eagerly: CUDA graphs
         replay the float32 unroll only."""
         with torch.autocast(xs.device.type, enabled=False):
-            return ln_lstm_steps_bptt(xs.to(h.dtype), keep.to(h.dtype), h, c, weights[0].to(low), *weights[1:])
+            return ln_lstm_steps_bptt(xs.to(h.dtype), keep.to(h.dtype), h, c, weights[0].to(low), *weights[1:],
+                                      native_unroll=native_unroll)
 
     @property
     def input_weight(self) -> nn.Parameter:

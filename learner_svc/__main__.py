@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
              cfg.endpoints.params, cfg.endpoints.replay_serve, cfg.num_policies, cfg.learner.batch_size,
              cfg.sequence.length, cfg.sequence.burn_in, cfg.preset, trainer.device, trainer.precision,
              cfg.learner.precision)
+    if trainer.native_unroll:
+        log.info("the LayerNorm-LSTM unrolls by lbc.native's C++ (learner.native_unroll)")
 
     last_log = time.monotonic()
     steps = training_steps(cfg, trainer, fetcher, stop, log)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from prometheus_client import Counter
 
+from lbc import native
 from lbc.agents import LossOutput, Prepared, make_loss
 from lbc.config import Config, LearnerConfig
 from lbc.devices import compute_precision, pick_device, to_device, to_host, wait_for_gpu
@@ -93,12 +94,17 @@ class Trainer:
         self.model: LBCNet = policy_net(self.agent).set_channels_last(True).set_frame_blocks(lc.frame_blocks)
         if lc.cuda_graphs and self.device.type != "cuda":
             raise SystemExit("learner.cuda_graphs needs a GPU learner, and learner.device=auto found no GPU")
+        self.native_unroll = False   # the LayerNorm-LSTM unrolls by lbc.native's C++ (learner.native_unroll)
         for module in self.agent.modules():   # before make_loss copies the target network
             if isinstance(module, LayerNormLSTM):
                 if lc.compile:
                     module.compile_unroll()
                 if lc.cuda_graphs:
                     module.graph_unroll()
+                if lc.native_unroll and self.device.type == "cpu":
+                    module.native_unroll()
+                    # whether it runs: where lbc.native is not built or does not load, it logs why, once
+                    self.native_unroll = native.ln_lstm_ops() is not None
         self.loss = make_loss(cfg, self.agent, self.device)
         self.optimiser = build_optimiser(self.model, lc)
         for group in self.loss.param_groups():

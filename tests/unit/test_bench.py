@@ -268,15 +268,21 @@ def test_the_learner_levers_measure_what_the_preset_does_not_run():
     from bench.throughput import learner_levers
 
     # `cpu` keeps its target network's outputs (that row reads backwards) and prepares each batch in its step
-    assert learner_levers(load_config("cpu", ["learner.precision=fp32"])) == {
+    scripted = "learner.native_unroll=false"
+    assert learner_levers(load_config("cpu", ["learner.precision=fp32", scripted])) == {
         "batches prepared ahead": ("learner", ["learner.prepare_ahead=True"]),
         "target outputs not kept": ("learner", ["learner.target_cache=false"])}
     # a learner that prepares ahead is measured without
     assert learner_levers(load_config("cpu", ["learner.precision=fp32", "learner.prepare_ahead=true"]))[
         "batches not prepared ahead"] == ("learner", ["learner.prepare_ahead=False"])
     # `impala` does neither and has no target network: preparing ahead is the one lever
-    assert learner_levers(load_config("impala", ["learner.precision=fp32"])) == {
+    assert learner_levers(load_config("impala", ["learner.precision=fp32", scripted])) == {
         "batches prepared ahead": ("learner", ["learner.prepare_ahead=True"])}
+    # where lbc.native's unroll runs (make install builds it; decision 90), the LSTM by TorchScript, read backwards;
+    # not with the feed-forward core or a GPU learner
+    assert learner_levers(load_config("impala", ["learner.precision=fp32"]))["LSTM unrolled by TorchScript"] == (
+        "learner", [scripted])
+    assert "LSTM unrolled by TorchScript" not in learner_levers(load_config("impala-cpu", []))
     # in bf16 on a CPU both read their frames in blocks (decision 83), read backwards; a deep torso cannot
     assert learner_levers(load_config("impala", ["learner.precision=bf16"]))["frames not in blocks"] == (
         "learner", ["learner.frame_blocks=false"])

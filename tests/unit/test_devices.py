@@ -376,3 +376,35 @@ def test_frames_read_in_blocks_give_the_loss_and_gradient_of_the_plain_read(pres
     assert float(torch.nn.functional.cosine_similarity(grad, grad_blocks, dim=0)) > 0.999
     (_, terms32, grad32), (_, terms32_set, grad32_set) = results["fp32", False], results["fp32", True]
     assert torch.equal(terms32, terms32_set) and torch.equal(grad32, grad32_set)
+
+
+@pytest.mark.parametrize("preset", ["cpu", "impala"])
+def test_the_native_unroll_gives_the_loss_and_gradient_of_torchscripts(preset):
+    """Decision 90: a CPU learner unrolls its LayerNorm-LSTM (online network, burn-in, target network) by lbc.native's
+    C++ instead of TorchScript's compile of the same equations: on one batch the loss terms and the gradient agree,
+    in float32 to float32's rounding (the norms' sums in another order), in bfloat16 to its rounding (each term
+    within 1% of its largest value over the batch, the gradient's cosine above 0.999), as decision 83's check."""
+    from lbc import native
+
+    if native.ln_lstm_ops() is None:
+        pytest.fail(f"lbc.native does not run here: {native.unavailable()}")   # make install builds it
+    for precision in ("fp32", "bf16"):
+        cfg, batch = _frames_batch(preset, precision)
+        results = []
+        for native_unroll in (False, True):
+            on = load_config(preset, deep_merge(cfg.model_dump(), {"learner": {"native_unroll": native_unroll}}))
+            torch.manual_seed(0)
+            trainer = Trainer(on)
+            assert trainer.native_unroll == native_unroll
+            out = trainer._loss(batch)
+            out.total.backward()
+            results.append((out.terms.detach(), _flat_grad(trainer.model)))
+        (terms, grad), (terms_native, grad_native) = results
+        cosine = float(torch.nn.functional.cosine_similarity(grad, grad_native, dim=0))
+        if precision == "fp32":
+            torch.testing.assert_close(terms_native, terms, rtol=1e-4, atol=1e-5)
+            assert cosine > 0.99999
+        else:
+            scale = terms.abs().amax(dim=0, keepdim=True)
+            assert bool(((terms_native - terms).abs() <= 1e-2 * scale + 1e-4).all()), (terms, terms_native)
+            assert cosine > 0.999

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lbc import lstm_bptt
+from lbc import lstm_bptt, native
 from lbc.lstm_bptt import GRAPH_BATCH, GraphCache, forward_by_graphs, ln_lstm_steps_bptt, unroll_forward
 from lbc.nets import LayerNormLSTM, ln_lstm_step, ln_lstm_steps
 
@@ -139,13 +139,16 @@ def test_the_module_trains_through_the_written_out_backward_and_otherwise_steps_
     torch.testing.assert_close(mixed_forward, mixed.detach(), rtol=0, atol=0)
 
 
-def _bf16_unrolls(trains_by_bptt: bool) -> tuple[list[torch.Tensor], int]:
+def _bf16_unrolls(trains_by_bptt: bool, native_unroll: bool = False) -> tuple[list[torch.Tensor], int]:
     """A LayerNormLSTM (64 -> 128) trained one unroll of 9 steps under bf16 autocast, by the module (the
-    written-out backward) or by autograd through ln_lstm_steps (the plain steps, autocast casting as it goes):
-    [every step's h, the gradients of the input, the hidden weight and the hidden norm's gain] in float32, and
-    the casts of the hidden weight's size. The float64 module's with trains_by_bptt=None."""
+    written-out backward; by lbc.native's C++ with native_unroll) or by autograd through ln_lstm_steps (the plain
+    steps, autocast casting as it goes): [every step's h, the gradients of the input, the hidden weight and the
+    hidden norm's gain] in float32, and the casts of the hidden weight's size. The float64 module's with
+    trains_by_bptt=None."""
     torch.manual_seed(0)
     core = LayerNormLSTM(64, 128)
+    if native_unroll:
+        core.native_unroll()
     x, keep = torch.randn(9, 6, 64), torch.ones(9, 6, 1)
     keep[4, 2] = 0.0
     state = (0.3 * torch.randn(6, 128), 0.3 * torch.randn(6, 128))
@@ -278,3 +281,141 @@ def test_the_unroll_replayed_as_cuda_graphs_gives_the_eager_results():
     # the training unroll's forward and backward (batch 3) and the forward alone, its batch padded to GRAPH_BATCH
     # (forward_by_graphs), all three shared with the copy
     assert len(graphed.graphs.graphs) == 3 and other.graphs is graphed.graphs
+
+
+def _native_here() -> None:
+    """make install builds lbc.native's library (decision 90): a test fails where it is missing or does not load,
+    and is skipped only on a CPU the build does not target."""
+    problem = native.unavailable()
+    if problem is not None and "AVX2" in problem:
+        pytest.skip(problem)
+    assert problem is None, problem
+    assert native.ln_lstm_ops() is not None
+
+
+def _float32_inputs(steps: int, batch: int, size: int, seed: int, weight_dtype: torch.dtype) -> tuple:
+    xs, keep, h, c, *weights = (t.detach().float() for t in _inputs(steps, batch=batch, size=size, seed=seed))
+    weights[0] = weights[0].to(weight_dtype)
+    return (xs, keep, h, c, *weights)
+
+
+def _backward_inputs(forward_inputs: tuple, forward_results: tuple, seed: int) -> tuple:
+    xs, keep, h, c, *weights = forward_inputs
+    g = torch.Generator().manual_seed(seed)
+    grads = (torch.randn(xs.shape[:2] + h.shape[1:], generator=g), torch.randn(h.shape, generator=g),
+             torch.randn(c.shape, generator=g))
+    return (*grads, keep, *weights, *forward_results[3:])
+
+
+@pytest.mark.parametrize("steps, batch, size", [(1, 3, 4), (7, 5, 8), (21, 16, 64)])
+def test_the_native_unroll_gives_torchscripts_results_in_float32(steps, batch, size):
+    """lbc.native's forward and backward against TorchScript's compile of unroll_forward and unroll_backward (what
+    a CPU learner ran before decision 90), float32 throughout, a reset in the middle: every result in its dtype and
+    shape, equal but for the order of the norms' sums (float32's rounding)."""
+    _native_here()
+    forward, backward = native.ln_lstm_ops()
+    inputs = _float32_inputs(steps, batch, size, 5, torch.float32)
+    want = lstm_bptt.on_cpu(unroll_forward)(*inputs)
+    got = forward(*inputs, lstm_bptt.EPS)
+    assert len(got) == len(want) == 13
+    for mine, theirs in zip(got, want, strict=True):
+        assert mine.dtype == theirs.dtype and mine.shape == theirs.shape
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=2e-5 * max(1.0, theirs.abs().max().item()))
+    back = _backward_inputs(inputs, want, 6)
+    want_back = lstm_bptt.on_cpu(lstm_bptt.unroll_backward)(*back)
+    got_back = backward(*back)
+    for mine, theirs in zip(got_back, want_back, strict=True):
+        assert mine.dtype == theirs.dtype and mine.shape == theirs.shape
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=2e-5 * max(1.0, theirs.abs().max().item()))
+
+
+def test_the_native_unroll_gives_torchscripts_step_with_a_bfloat16_hidden_weight():
+    """The bf16 learner's unroll (a bfloat16 hidden weight, its products rounded to it) over one step, where both
+    read the same rounded state: the same results but for the norms' sums; the products' inputs in bfloat16 as
+    TorchScript's."""
+    _native_here()
+    forward, backward = native.ln_lstm_ops()
+    inputs = _float32_inputs(1, 6, 32, 7, torch.bfloat16)
+    want = lstm_bptt.on_cpu(unroll_forward)(*inputs)
+    got = forward(*inputs, lstm_bptt.EPS)
+    assert got[3].dtype == want[3].dtype == torch.bfloat16   # kept_h, what the products read
+    for mine, theirs in zip(got, want, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+    back = _backward_inputs(inputs, want, 8)
+    for mine, theirs in zip(backward(*back), lstm_bptt.on_cpu(lstm_bptt.unroll_backward)(*back), strict=True):
+        assert mine.dtype == theirs.dtype
+        # d_projected is rounded to bfloat16 before the products: an input a rounding away moves them by its 8 bits
+        torch.testing.assert_close(mine.float(), theirs.float(), rtol=1e-2, atol=1e-2 * theirs.abs().max().item())
+
+
+def test_under_bf16_autocast_the_native_unroll_is_as_near_float64_as_torchscripts():
+    """Issue 11's check where numerics change (decision 90): the module's unroll under bf16 autocast by lbc.native
+    against the same by TorchScript, both measured from float64 over 9 steps of a 64 -> 128 LayerNormLSTM: as near
+    (bfloat16's rounding compounds over the steps, where it may go either way from a sum's other order)."""
+    _native_here()
+    truth, _ = _bf16_unrolls(None)
+    scripted, _ = _bf16_unrolls(True)
+    compiled, casts = _bf16_unrolls(True, native_unroll=True)
+    assert casts == 2
+
+    def error(t: torch.Tensor, exact: torch.Tensor) -> float:
+        return ((t - exact).norm() / exact.norm()).item()
+
+    for mine, theirs, exact in zip(compiled, scripted, truth, strict=True):
+        assert error(mine, exact) < 0.03
+        assert error(mine, exact) < 1.25 * error(theirs, exact) + 1e-3
+
+
+def test_a_module_asked_for_the_native_unroll_trains_through_it_and_its_copies_too(monkeypatch):
+    """native_unroll: the module's unroll that trains, and its forward under no_grad with autocast (a learner's
+    burn-in and target network), run lbc.native's operators, and a copy (the target network) keeps the choice;
+    the module's results match TorchScript's."""
+    _native_here()
+    import copy
+
+    forward, backward = native.ln_lstm_ops()
+    calls = []
+    monkeypatch.setattr(native, "ln_lstm_ops", lambda: (lambda *a: calls.append("forward") or forward(*a),
+                                                        lambda *a: calls.append("backward") or backward(*a)))
+    torch.manual_seed(0)
+    core = LayerNormLSTM(5, 8)
+    x, keep, state = torch.randn(6, 3, 5), torch.ones(6, 3, 1), (torch.randn(3, 8), torch.randn(3, 8))
+    want, _ = core(x, keep, state)
+    core.native_unroll()
+    got, _ = core(x, keep, state)
+    got.sum().backward()
+    assert calls == ["forward", "backward"]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    target = copy.deepcopy(core)
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        target(x, keep, state)
+    assert target.native and calls == ["forward", "backward", "forward"]
+
+
+def test_loading_the_native_library_leaves_floating_point_as_it_was():
+    """The library's loops are compiled with -ffast-math, which gcc 12 would also link as start-up code that
+    flushes denormal numbers to zero in the whole process, every torch kernel's maths changed with it: lbc.native
+    links without it, so a float32 denormal survives the load."""
+    _native_here()
+    tiny = torch.tensor([1e-38], dtype=torch.float32) / 1000
+    assert tiny.item() != 0.0 and 0 < abs(tiny.item()) < 1.2e-38
+
+
+def test_without_the_library_the_unroll_is_torchscripts_and_says_why(monkeypatch, tmp_path, caplog):
+    """Where lbc.native's library is missing, ln_lstm_ops says why (once) and a module asked for the native unroll
+    runs TorchScript's, with its results."""
+    monkeypatch.setattr(native, "LIBRARY", tmp_path / "liblbc_native.so")
+    native.ln_lstm_ops.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="lbc.native"):
+            assert native.ln_lstm_ops() is None
+        assert "is not built" in caplog.text
+        asked = []
+        monkeypatch.setattr(lstm_bptt, "on_cpu", lambda fn: asked.append(fn.__name__) or fn)
+        core = LayerNormLSTM(5, 8)
+        core.native_unroll()
+        out, _ = core(torch.randn(4, 2, 5), torch.ones(4, 2, 1), (torch.zeros(2, 8), torch.zeros(2, 8)))
+        out.sum().backward()
+        assert asked == ["unroll_forward", "unroll_backward"]
+    finally:
+        native.ln_lstm_ops.cache_clear()

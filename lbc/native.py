@@ -1,0 +1,95 @@
+"""lbc's native code: the LayerNorm-LSTM's unroll on a CPU (lbc/csrc/ln_lstm.cpp, decision 90), the same
+equations as lbc.lstm_bptt's unroll_forward and unroll_backward with each step's elementwise work in one pass over
+each row, where TorchScript runs a dozen small kernels a step.
+
+`make install` builds it (`python -m lbc.native`: g++ against the installed torch's headers and libraries) into
+the package, beside this file; a learner on a CPU loads it (learner.native_unroll) and unrolls by TorchScript
+where it is not built, does not load, or the CPU lacks AVX2 (the build's target), saying so in its log.
+
+    python -m lbc.native            # build (again)
+    python -m lbc.native --check    # whether it loads here
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "ln_lstm.cpp"
+LIBRARY = Path(__file__).with_name("liblbc_native.so")
+# x86-64-v3: AVX2 and FMA, which glibc's vector maths (libmvec) uses for the loops' exp and tanh. -ffast-math
+# (for those vector calls and the loops' reductions) is given to the compile step only: given to the link it would
+# add the start-up code that flushes denormals for the whole process (gcc 12's crtfastmath.o), changing torch's maths.
+COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp-simd", "-march=x86-64-v3", "-fPIC", "-std=c++20"]
+CPU_CAPABILITIES = ("AVX2", "AVX512")   # torch.backends.cpu.get_cpu_capability() on a CPU the build runs on
+
+Op = Callable[..., list[torch.Tensor]]
+
+
+def build(library: Path | None = None, compiler: str = "g++") -> None:
+    """Compile SOURCE against this torch into `library` (LIBRARY by default; written whole, then moved into place)."""
+    library = library or LIBRARY
+    from torch.utils import cpp_extension
+
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    libs = [f"-L{p}" for p in cpp_extension.library_paths()]
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    with tempfile.TemporaryDirectory() as tmp:
+        obj, out = Path(tmp) / "ln_lstm.o", Path(tmp) / library.name
+        subprocess.run([compiler, *COMPILE_FLAGS, abi, *includes, "-c", str(SOURCE), "-o", str(obj)], check=True)
+        subprocess.run([compiler, "-shared", str(obj), "-o", str(out), *libs, "-ltorch_cpu", "-lc10"], check=True)
+        out.replace(library)
+
+
+def unavailable() -> str | None:
+    """Why the native unroll cannot run here, or None where it can."""
+    if not LIBRARY.exists():
+        return f"{LIBRARY} is not built (make install builds it)"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in CPU_CAPABILITIES:
+        return f"the CPU's vector capability is {capability}; the build needs AVX2"
+    return None
+
+
+@functools.cache
+def ln_lstm_ops() -> tuple[Op, Op] | None:
+    """(forward, backward): the unroll's two operators (torch.ops.lbc_native), or None where they cannot run here
+    (unavailable, or the library fails to load: a torch other than the one it was built against), logged once."""
+    problem = unavailable()
+    if problem is None:
+        try:
+            torch.ops.load_library(str(LIBRARY))
+        except (OSError, RuntimeError) as err:
+            problem = f"{LIBRARY} does not load: {err}"
+    if problem is not None:
+        log.warning("the LayerNorm-LSTM unrolls by TorchScript: %s", problem)
+        return None
+    return torch.ops.lbc_native.ln_lstm_forward, torch.ops.lbc_native.ln_lstm_backward
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lbc.native", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="say whether the built library loads here; build nothing")
+    args = parser.parse_args(argv)
+    if not args.check:
+        build()
+        print(f"built {LIBRARY}")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    ok = ln_lstm_ops() is not None
+    print(f"native unroll {'loads' if ok else 'unavailable'} here")
+    return 0 if ok or not args.check else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
