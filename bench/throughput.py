@@ -381,7 +381,7 @@ def learner_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
     if reads_frame_blocks(cfg):
         levers["frames not in blocks"] = ("learner", ["learner.frame_blocks=false"])
     if unrolls_natively(cfg):
-        levers["LSTM unrolled by TorchScript"] = ("learner", ["learner.native_unroll=false"])
+        levers["LSTM by TorchScript"] = ("learner", ["learner.native_unroll=false"])
     return levers
 
 

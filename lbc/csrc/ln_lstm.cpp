@@ -53,9 +53,15 @@ std::vector<Tensor> unroll_forward(const Tensor& xs_in, const Tensor& keep_in, c
   const Tensor xs = xs_in.contiguous(), keep = keep_in.contiguous();
   const Tensor hidden_gain = hidden_gain_in.contiguous(), cell_gain = cell_gain_in.contiguous(),
                cell_bias = cell_bias_in.contiguous();
+  TORCH_CHECK(xs.dim() == 3 && xs.size(2) % 4 == 0, "ln_lstm_forward: xs [T, B, 4H]");
   const int64_t steps = xs.size(0), batch = xs.size(1), gates = xs.size(2), size = gates / 4;
+  TORCH_CHECK(keep.numel() == steps * batch && h0.numel() == batch * size && c0.numel() == batch * size &&
+                  hidden_weight.size(0) == gates && hidden_weight.size(1) == size,
+              "ln_lstm_forward: keep [T, B, 1], h and c [B, H], hidden_weight [4H, H]");
   const auto f32 = xs.options();
   const bool mixed = hidden_weight.scalar_type() != at::kFloat;
+  // what unroll_backward reads, as unroll_forward keeps it: the reset state (h' in the product's dtype), W h',
+  // the activations (sigma of i, f, o and tanh of g), the cells, tanh of their norm, and both norms' statistics
   Tensor kept_h = at::empty({steps, batch, size}, f32.dtype(hidden_weight.scalar_type()));
   Tensor kept_c = at::empty({steps, batch, size}, f32), cells = at::empty({steps, batch, size}, f32);
   Tensor tanh_cells = at::empty({steps, batch, size}, f32), out = at::empty({steps, batch, size}, f32);
@@ -67,7 +73,7 @@ std::vector<Tensor> unroll_forward(const Tensor& xs_in, const Tensor& keep_in, c
   const float* hg = hidden_gain.data_ptr<float>();
   const float* cg = cell_gain.data_ptr<float>();
   const float* cb = cell_bias.data_ptr<float>();
-  std::vector<float> row(gates);
+  std::vector<float> row(gates);   // a row's normalised gates plus its input projection
   Tensor scratch = at::empty({batch, gates}, f32.dtype(hidden_weight.scalar_type()));
   for (int64_t t = 0; t < steps; ++t) {
     const float* k = keep.data_ptr<float>() + t * batch;
@@ -88,6 +94,7 @@ std::vector<Tensor> unroll_forward(const Tensor& xs_in, const Tensor& keep_in, c
     }
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t j = 0; j < size; ++j) kc[b * size + j] = cp[b * size + j] * k[b];
+    // p_t = W h': in bfloat16 as torch.mm computes and rounds it, then kept in float32 as unroll_forward keeps it
     float* pt = projected.data_ptr<float>() + t * batch * gates;
     if (mixed) {
       at::mm_out(scratch, kept_h.select(0, t), weight_t);
@@ -179,6 +186,9 @@ std::vector<Tensor> unroll_backward(const Tensor& d_out_in, const Tensor& d_h, c
                p_rstd = p_rstd_in.contiguous(), c_mean = c_mean_in.contiguous(), c_rstd = c_rstd_in.contiguous();
   const Tensor hidden_gain = hidden_gain_in.contiguous(), cell_gain = cell_gain_in.contiguous();
   const int64_t steps = projected.size(0), batch = projected.size(1), gates = projected.size(2), size = gates / 4;
+  TORCH_CHECK(d_out.numel() == steps * batch * size && acts.numel() == steps * batch * gates &&
+                  keep.numel() == steps * batch && hidden_weight.size(0) == gates && hidden_weight.size(1) == size,
+              "ln_lstm_backward: the shapes unroll_forward gives");
   const auto f32 = projected.options();
   const bool mixed = hidden_weight.scalar_type() != at::kFloat;
   Tensor d_gates = at::empty({steps, batch, gates}, f32);
@@ -191,8 +201,8 @@ std::vector<Tensor> unroll_backward(const Tensor& d_out_in, const Tensor& d_h, c
   float* dhg = d_hidden_gain.data_ptr<float>();
   float* dcg = d_cell_gain.data_ptr<float>();
   float* dcb = d_cell_bias.data_ptr<float>();
-  std::vector<float> dhb(size), dl(size), dcl(size), dp(gates);
-  Tensor back = at::empty({batch, size}, f32.dtype(hidden_weight.scalar_type()));
+  std::vector<float> dl(size), dcl(size), dp(gates);   // a row's dl_t, LN'(c_t)^T dl_t and dp_t
+  Tensor back = at::empty({batch, size}, f32.dtype(hidden_weight.scalar_type()));   // W^T dp_t
   for (int64_t t = steps - 1; t >= 0; --t) {
     const float* k = keep.data_ptr<float>() + t * batch;
     float* dhp = dh.data_ptr<float>();
@@ -208,6 +218,7 @@ std::vector<Tensor> unroll_backward(const Tensor& d_out_in, const Tensor& d_h, c
       float* dg = d_gates.data_ptr<float>() + row * gates;
       float* dhr = dhp + b * size;
       float* dcr = dcp + b * size;
+      // dh_t (from step t + 1 and the output at t) into d_o and dl_t
 #pragma omp simd
       for (int64_t j = 0; j < size; ++j) {
         const float d = dhr[j] + dout[j];
@@ -219,6 +230,7 @@ std::vector<Tensor> unroll_backward(const Tensor& d_out_in, const Tensor& d_h, c
       norm_backward(dl.data(), cl, cg, c_mean.data_ptr<float>()[row], c_rstd.data_ptr<float>()[row], size,
                     dcl.data(), dcg);
       const float kb = k[b];
+      // dc_t into (d_i, d_f, d_g), and on to step t - 1 through the forget gate and the reset
 #pragma omp simd
       for (int64_t j = 0; j < size; ++j) {
         const float d = dcl[j] + dcr[j];
@@ -237,6 +249,7 @@ std::vector<Tensor> unroll_backward(const Tensor& d_out_in, const Tensor& d_h, c
         std::memcpy(d_projected.data_ptr<float>() + row * gates, dp.data(), gates * sizeof(float));
       }
     }
+    // dh for step t - 1: (W^T dp_t) keep_t, the product in the weight's dtype as unroll_backward's
     if (mixed) {
       at::mm_out(back, d_projected.select(0, t), hidden_weight);
       const auto* r16 = reinterpret_cast<const uint16_t*>(back.data_ptr<at::BFloat16>());

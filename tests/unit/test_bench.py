@@ -280,9 +280,9 @@ def test_the_learner_levers_measure_what_the_preset_does_not_run():
         "batches prepared ahead": ("learner", ["learner.prepare_ahead=True"])}
     # where lbc.native's unroll runs (make install builds it; decision 90), the LSTM by TorchScript, read backwards;
     # not with the feed-forward core or a GPU learner
-    assert learner_levers(load_config("impala", ["learner.precision=fp32"]))["LSTM unrolled by TorchScript"] == (
+    assert learner_levers(load_config("impala", ["learner.precision=fp32"]))["LSTM by TorchScript"] == (
         "learner", [scripted])
-    assert "LSTM unrolled by TorchScript" not in learner_levers(load_config("impala-cpu", []))
+    assert "LSTM by TorchScript" not in learner_levers(load_config("impala-cpu", []))
     # in bf16 on a CPU both read their frames in blocks (decision 83), read backwards; a deep torso cannot
     assert learner_levers(load_config("impala", ["learner.precision=bf16"]))["frames not in blocks"] == (
         "learner", ["learner.frame_blocks=false"])
