@@ -560,7 +560,7 @@ class LayerNormLSTM(nn.Module):
             low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
             if low is not None and (trains or weights[0].dtype != low):
                 out, h, c = self._mixed_unroll(xs, keep, h, c, weights, low, self.native)
-            elif trains:
+            elif trains or (self.native and not xs.is_cuda):   # a float32 learner's burn-in and target network too
                 out, h, c = ln_lstm_steps_bptt(xs, keep, h, c, *weights, graphs=graphs, native_unroll=self.native)
             elif graphs and low is None:
                 out, h, c = forward_by_graphs(graphs, xs, keep, h, c, *weights)

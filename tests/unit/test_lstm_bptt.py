@@ -367,9 +367,9 @@ def test_under_bf16_autocast_the_native_unroll_is_as_near_float64_as_torchscript
 
 
 def test_a_module_asked_for_the_native_unroll_trains_through_it_and_its_copies_too(monkeypatch):
-    """native_unroll: the module's unroll that trains, and its forward under no_grad with autocast (a learner's
-    burn-in and target network), run lbc.native's operators, and a copy (the target network) keeps the choice;
-    the module's results match TorchScript's."""
+    """native_unroll: the module's unroll that trains, and its forward under no_grad with autocast or in float32 (a
+    learner's burn-in and target network), run lbc.native's operators, and a copy (the target network) keeps the
+    choice; the module's results match TorchScript's."""
     _native_here()
     import copy
 
@@ -390,6 +390,10 @@ def test_a_module_asked_for_the_native_unroll_trains_through_it_and_its_copies_t
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
         target(x, keep, state)
     assert target.native and calls == ["forward", "backward", "forward"]
+    with torch.no_grad():
+        burn_in, _ = target(x, keep, state)
+    assert calls == ["forward", "backward", "forward", "forward"]
+    torch.testing.assert_close(burn_in, want.detach(), rtol=1e-5, atol=1e-6)
 
 
 def test_loading_the_native_library_leaves_floating_point_as_it_was():
