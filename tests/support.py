@@ -27,14 +27,20 @@ _given: set[int] = set()
 _rng = random.Random()
 
 
-def free_port() -> int:
-    """A free port outside the ephemeral range, not handed out before in this session."""
+def free_port(span: int = 1) -> int:
+    """A free port outside the ephemeral range, not handed out before in this session; with `span` > 1 the first of
+    that many in a row, all free and all reserved: a base port from which the n-th actor or replica takes base + n
+    (session 61 saw actor 1's health port drawn again as the inference service's metrics port)."""
     for _ in range(1000):
-        port = _rng.randint(*_PORT_RANGE)
-        if port not in _given and port_is_free(port):
-            _given.add(port)
+        port = _rng.randint(_PORT_RANGE[0], _PORT_RANGE[1] - span)
+        block = range(port, port + span)
+        if not _given.intersection(block) and all(port_is_free(p) for p in block):
+            _given.update(block)
             return port
-    raise RuntimeError(f"no free port in {_PORT_RANGE}")
+    raise RuntimeError(f"no {span} free ports in a row in {_PORT_RANGE}")
+
+
+BASE_SPAN = 16   # ports reserved from each *_base endpoint: actors or learner replicas a test starts, at most
 
 
 def endpoint_overrides(run_dir: Path) -> list[str]:
@@ -46,9 +52,10 @@ def endpoint_overrides(run_dir: Path) -> list[str]:
         f"endpoints.replay_ingest=tcp://127.0.0.1:{p['ingest']}", f"endpoints.replay_serve=tcp://127.0.0.1:{p['serve']}",
         f"endpoints.replay_health=127.0.0.1:{p['health']}", f"endpoints.learner_metrics={p['lm']}",
         f"endpoints.replay_metrics={p['rm']}", f"endpoints.bandit_metrics={p['bm']}",
-        f"endpoints.actor_metrics_base={free_port()}", f"endpoints.actor_health_base={free_port()}",
+        f"endpoints.actor_metrics_base={free_port(BASE_SPAN)}", f"endpoints.actor_health_base={free_port(BASE_SPAN)}",
         f"endpoints.eval_metrics={free_port()}", f"endpoints.eval_health=127.0.0.1:{free_port()}",
-        f"endpoints.learner_group=127.0.0.1:{free_port()}", f"endpoints.learner_replica_metrics_base={free_port()}",
+        f"endpoints.learner_group=127.0.0.1:{free_port()}",
+        f"endpoints.learner_replica_metrics_base={free_port(BASE_SPAN)}",
         f"endpoints.inference=tcp://127.0.0.1:{free_port()}", f"endpoints.inference_health=127.0.0.1:{free_port()}",
         f"endpoints.inference_metrics={free_port()}",
     ]
