@@ -45,7 +45,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from bench.cpu_use import ceiling_gap, ceiling_gap_line, cores_by_service, cpu_table
 from bench.record import write as write_record
 from bench.system import GpuSampler, end_to_end
-from lbc import native
 from lbc.acting import CoreInputs, acting_agent, forward, frame_ring
 from lbc.agents import Acting, family_of, make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
@@ -56,7 +55,7 @@ from lbc.launch import SERVICE_ENV_DEFAULTS
 from lbc.nets import build_net, policy_net
 from lbc.psi import Psi
 from lbc.sequences import sequence_layout
-from learner_svc.training import Trainer, to_time_major
+from learner_svc.training import Trainer, to_time_major, unrolls_natively
 
 
 def env_rate(cfg: Config, seconds: float) -> float:
@@ -380,16 +379,15 @@ def learner_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
         levers["target outputs not kept"] = ("learner", ["learner.target_cache=false"])
     if reads_frame_blocks(cfg):
         levers["frames not in blocks"] = ("learner", ["learner.frame_blocks=false"])
-    if unrolls_natively(cfg):
+    if learner_unrolls_natively(cfg):
         levers["LSTM by TorchScript"] = ("learner", ["learner.native_unroll=false"])
     return levers
 
 
-def unrolls_natively(cfg: Config) -> bool:
-    """Whether the preset's learner unrolls its LayerNorm-LSTM by lbc.native's C++ (decision 90): set so, on a CPU,
-    and the library loads here."""
-    return (cfg.learner.native_unroll and cfg.net.core == "layernorm_lstm"
-            and pick_device(cfg.learner.device, "learner.device").type == "cpu" and native.ln_lstm_ops() is not None)
+def learner_unrolls_natively(cfg: Config) -> bool:
+    """Whether the preset's learner has a LayerNorm-LSTM and unrolls it by lbc.native's C++ (decision 90)."""
+    return cfg.net.core == "layernorm_lstm" and unrolls_natively(cfg, pick_device(cfg.learner.device,
+                                                                                   "learner.device"))
 
 
 def reads_frame_blocks(cfg: Config) -> bool:

@@ -36,19 +36,19 @@ CPU_CAPABILITIES = ("AVX2", "AVX512")   # torch.backends.cpu.get_cpu_capability(
 Op = Callable[..., list[torch.Tensor]]
 
 
-def build(library: Path | None = None, compiler: str = "g++") -> None:
-    """Compile SOURCE against this torch into `library` (LIBRARY by default; written whole, then moved into place)."""
-    library = library or LIBRARY
+def build() -> None:
+    """Compile SOURCE against this torch with g++ into LIBRARY (written whole, then moved into place: a running
+    learner keeps the library it loaded)."""
     from torch.utils import cpp_extension
 
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     libs = [f"-L{p}" for p in cpp_extension.library_paths()]
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     with tempfile.TemporaryDirectory() as tmp:
-        obj, out = Path(tmp) / "ln_lstm.o", Path(tmp) / library.name
-        subprocess.run([compiler, *COMPILE_FLAGS, abi, *includes, "-c", str(SOURCE), "-o", str(obj)], check=True)
-        subprocess.run([compiler, "-shared", str(obj), "-o", str(out), *libs, "-ltorch_cpu", "-lc10"], check=True)
-        out.replace(library)
+        obj, out = Path(tmp) / "ln_lstm.o", Path(tmp) / LIBRARY.name
+        subprocess.run(["g++", *COMPILE_FLAGS, abi, *includes, "-c", str(SOURCE), "-o", str(obj)], check=True)
+        subprocess.run(["g++", "-shared", str(obj), "-o", str(out), *libs, "-ltorch_cpu", "-lc10"], check=True)
+        out.replace(LIBRARY)
 
 
 def unavailable() -> str | None:

@@ -78,6 +78,13 @@ def build_optimiser(model: torch.nn.Module, lc: LearnerConfig) -> torch.optim.Op
                              weight_decay=lc.weight_decay, fused=True)
 
 
+
+def unrolls_natively(cfg: Config, device: torch.device) -> bool:
+    """Whether a learner of `cfg` on `device` unrolls its LayerNorm-LSTM by lbc.native's C++ (decision 90): asked to
+    (learner.native_unroll), on a CPU, and the library loads here (where it is not built or does not load,
+    lbc.native logs why, once)."""
+    return cfg.learner.native_unroll and device.type == "cpu" and native.ln_lstm_ops() is not None
+
 class Trainer:
     """The model, the optimiser and the schedules around the configured family's loss (lbc.agents)."""
 
@@ -94,6 +101,7 @@ class Trainer:
         self.model: LBCNet = policy_net(self.agent).set_channels_last(True).set_frame_blocks(lc.frame_blocks)
         if lc.cuda_graphs and self.device.type != "cuda":
             raise SystemExit("learner.cuda_graphs needs a GPU learner, and learner.device=auto found no GPU")
+        native_unroll = unrolls_natively(cfg, self.device)
         self.native_unroll = False   # the LayerNorm-LSTM unrolls by lbc.native's C++ (learner.native_unroll)
         for module in self.agent.modules():   # before make_loss copies the target network
             if isinstance(module, LayerNormLSTM):
@@ -101,10 +109,9 @@ class Trainer:
                     module.compile_unroll()
                 if lc.cuda_graphs:
                     module.graph_unroll()
-                if lc.native_unroll and self.device.type == "cpu":
+                if native_unroll:
                     module.native_unroll()
-                    # whether it runs: where lbc.native is not built or does not load, it logs why, once
-                    self.native_unroll = native.ln_lstm_ops() is not None
+                    self.native_unroll = True
         self.loss = make_loss(cfg, self.agent, self.device)
         self.optimiser = build_optimiser(self.model, lc)
         for group in self.loss.param_groups():
