@@ -36,6 +36,19 @@ def test_cpu_bootstraps_from_a_target_network_and_the_printed_presets_do_not():
         assert load_config(preset).learner.target_update_every == 0, preset
 
 
+def test_wider_actors_pull_as_often_a_frame_and_learn_the_same_per_frame():
+    """docs/decisions.md 80 and 91: `impala`'s actors at 64 games and `cpu`'s at 32 pull parameters every 1,024
+    agent steps, as 16 games every 64 passes did; batch, sequence lengths and replay ratio stay the sizing's."""
+    for preset, games in (("impala", 64), ("cpu", 32)):
+        cfg = load_config(preset)
+        assert cfg.env.num_envs == games, preset
+        assert cfg.env.num_envs * cfg.actor.pull_every == 16 * 64, preset
+    cpu = load_config("cpu")
+    assert (cpu.learner.batch_size, cpu.sequence.burn_in, cpu.sequence.length, cpu.replay.replay_ratio) == (
+        16, 10, 20, 2.0)
+    assert load_config("lbc-reduce-h").env.num_envs == 16   # only `cpu` changed (CPU_SIZING keeps 16)
+
+
 def test_precedence_override_over_environment_over_preset(monkeypatch):
     monkeypatch.setenv("LBC_LEARNER__BATCH_SIZE", "8")
     monkeypatch.setenv("LBC_ENV__GAME", "breakout")
