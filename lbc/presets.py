@@ -103,7 +103,7 @@ LBC_CPU_TRAINING: Tree = {
     "policies": [{**policy, "gamma": 0.99} for policy in LBC_POLICIES],
     "net": {"init": "orthogonal", "centre_frames": True},
     # decision 91: 32 games an actor, pulling every 32 passes (the same pulls a frame as 16 games every 64): on two
-    # cores one actor's serial loop bounds `cpu`, and a pass of 32 games costs a sample 0.65x of 16's
+    # cores one actor's serial loop bounds `cpu`, and a pass of 32 games costs a sample 0.5-0.7x of 16's
     "env": {"episodic_life": True, "num_envs": 32},
     "learner": {"target_policy": "behaviour_temperature", "centre_q": True, "learning_rate": 2.5e-4,
                 "adam_betas": [0.9, 0.999], "adam_eps": 1e-5, "weight_decay": 0.0, "clip_norm": 0.5,
