@@ -78,12 +78,12 @@ def build_optimiser(model: torch.nn.Module, lc: LearnerConfig) -> torch.optim.Op
                              weight_decay=lc.weight_decay, fused=True)
 
 
-
 def unrolls_natively(cfg: Config, device: torch.device) -> bool:
     """Whether a learner of `cfg` on `device` unrolls its LayerNorm-LSTM by lbc.native's C++ (decision 90): asked to
     (learner.native_unroll), on a CPU, and the library loads here (where it is not built or does not load,
     lbc.native logs why, once)."""
     return cfg.learner.native_unroll and device.type == "cpu" and native.ln_lstm_ops() is not None
+
 
 class Trainer:
     """The model, the optimiser and the schedules around the configured family's loss (lbc.agents)."""
