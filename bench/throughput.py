@@ -391,11 +391,9 @@ def learner_unrolls_natively(cfg: Config) -> bool:
 
 
 def reads_frame_blocks(cfg: Config) -> bool:
-    """Whether the preset's learner reads its frames in blocks (decision 83): set so, bf16 on a CPU, and a first
+    """Whether the preset's learner reads its frames in blocks (decisions 83, 92): set so, on a CPU, and a first
     convolution that can."""
-    device = pick_device(cfg.learner.device, "learner.device")
-    if (not cfg.learner.frame_blocks or device.type != "cpu"
-            or compute_precision(cfg.learner.precision, device) != "bf16"):
+    if not cfg.learner.frame_blocks or pick_device(cfg.learner.device, "learner.device").type != "cpu":
         return False
     spec = env_spec(cfg.env)
     return build_net(cfg, spec.obs_shape, spec.num_actions).set_frame_blocks(True).frame_blocks > 1

@@ -233,9 +233,9 @@ class LearnerConfig(_Section):
     prepare_ahead: bool = Field(False, description="read the next batch's frames and unroll the target network "
                                 "over it in a thread of its own while this step trains (the same values; "
                                 "learner_svc.training)")
-    frame_blocks: bool = Field(True, description="a bf16 CPU learner reads its frames in blocks of the first "
+    frame_blocks: bool = Field(True, description="a CPU learner reads its frames in blocks of the first "
                                "convolution's stride where that convolution can, and convolves them as a stride-1 "
-                               "convolution (the same sums; decision 83)")
+                               "convolution (the same sums; decisions 83, 92)")
     native_unroll: bool = Field(True, description="a CPU learner unrolls its LayerNorm-LSTM by lbc.native's C++ "
                                 "(built by make install; the same equations in one pass a row, decision 90), else by "
                                 "TorchScript")
@@ -281,9 +281,9 @@ class ActorConfig(_Section):
         "inputs to the inference service (python -m actor_svc --mode infer, endpoints.inference), which batches "
         "every actor's games into one forward pass with the newest parameters (SEED RL's central inference; "
         "inference.* settings, actor_svc.remote)")
-    frame_ring: bool = Field(True, description="a bf16 CPU actor keeps its games' frame stacks as its first "
+    frame_ring: bool = Field(True, description="a CPU actor keeps its games' frame stacks as its first "
                              "convolution reads them, in blocks of its stride, each frame read once as it comes "
-                             "(lbc.frame_ring; the same sums within bf16 rounding, decision 85)")
+                             "(lbc.frame_ring; the same sums, decisions 85, 92)")
     precision: Precision = Field("fp32", description="bf16: the acting network's convolutions and linear layers "
                                  "hold bfloat16 weights (each pull converts into them) and run in bfloat16, its "
                                  "outputs and recurrent state fp32; actors, the evaluator, lbc evaluate and lbc play; "

@@ -7,7 +7,8 @@ stack every step (lbc.nets.read_frames: each frame's median, its centring, its c
 convolving it in the frames' own layout cost a bf16 CPU actor most of its acting pass. Here each game's S frames
 live in S slots, in k x k blocks (lbc.nets.frame_blocks, decision 83), centred and converted once as they
 arrive, laid out channels-last; a step writes its newest frame over the oldest's slot, and the first
-convolution rotates its weight's groups to the slots (Frames.rotation) rather than the frames being moved.
+convolution rotates its weight's groups to the slots (Frames.rotation) rather than the frames being moved. A
+float32 actor reads through a ring too: on an AVX2 host its acting step took 9-11% less CPU (decision 92).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from lbc.nets import Frames, centred_blocks, frame_medians
 
 class FrameRing:
     """The stacks [E, S, H, W] of E games as Frames in k x k blocks (channels-last [E, S k k, H / k, W / k]),
-    each frame less its median where `centre` (x - m: exact in bfloat16), in `dtype`."""
+    each frame less its median where `centre` (x - m: exact in bfloat16 and float32), in `dtype`."""
 
     def __init__(self, num_envs: int, obs_shape: tuple[int, int, int], blocks: int, centre: bool,
                  dtype: torch.dtype) -> None:

@@ -269,24 +269,27 @@ def test_the_learner_levers_measure_what_the_preset_does_not_run():
 
     # `cpu` keeps its target network's outputs (that row reads backwards) and prepares each batch in its step
     scripted = "learner.native_unroll=false"
-    assert learner_levers(load_config("cpu", ["learner.precision=fp32", scripted])) == {
+    plain = "learner.frame_blocks=false"
+    assert learner_levers(load_config("cpu", ["learner.precision=fp32", scripted, plain])) == {
         "batches prepared ahead": ("learner", ["learner.prepare_ahead=True"]),
         "target outputs not kept": ("learner", ["learner.target_cache=false"])}
     # a learner that prepares ahead is measured without
     assert learner_levers(load_config("cpu", ["learner.precision=fp32", "learner.prepare_ahead=true"]))[
         "batches not prepared ahead"] == ("learner", ["learner.prepare_ahead=False"])
     # `impala` does neither and has no target network: preparing ahead is the one lever
-    assert learner_levers(load_config("impala", ["learner.precision=fp32", scripted])) == {
+    assert learner_levers(load_config("impala", ["learner.precision=fp32", scripted, plain])) == {
         "batches prepared ahead": ("learner", ["learner.prepare_ahead=True"])}
     # where lbc.native's unroll runs (make install builds it; decision 90), the LSTM by TorchScript, read backwards;
     # not with the feed-forward core or a GPU learner
     assert learner_levers(load_config("impala", ["learner.precision=fp32"]))["LSTM by TorchScript"] == (
         "learner", [scripted])
     assert "LSTM by TorchScript" not in learner_levers(load_config("impala-cpu", []))
-    # in bf16 on a CPU both read their frames in blocks (decision 83), read backwards; a deep torso cannot
-    assert learner_levers(load_config("impala", ["learner.precision=bf16"]))["frames not in blocks"] == (
-        "learner", ["learner.frame_blocks=false"])
-    assert "frames not in blocks" in learner_levers(load_config("cpu", ["learner.precision=bf16"]))
+    # on a CPU both read their frames in blocks, in bf16 (decision 83) and float32 (decision 92), read backwards; a
+    # deep torso cannot
+    for precision in ("bf16", "fp32"):
+        assert learner_levers(load_config("impala", [f"learner.precision={precision}"]))["frames not in blocks"] == (
+            "learner", ["learner.frame_blocks=false"])
+        assert "frames not in blocks" in learner_levers(load_config("cpu", [f"learner.precision={precision}"]))
     assert "frames not in blocks" not in learner_levers(load_config("cpu", ["learner.precision=bf16",
                                                                             "learner.frame_blocks=false"]))
     assert "frames not in blocks" not in learner_levers(load_config("cpu", ["learner.precision=bf16",
@@ -294,15 +297,16 @@ def test_the_learner_levers_measure_what_the_preset_does_not_run():
 
 
 def test_the_actor_lever_measures_the_stacks_read_whole_where_a_frame_ring_reads_them():
-    """Decision 85: a bf16 CPU actor with a small torso reads its stacks through a frame ring, and --levers measures
-    its inference with the stacks read whole (read backwards); float32 actors, the deep torso and a ring turned off
-    have no row."""
+    """Decisions 85 and 92: a CPU actor with a small torso reads its stacks through a frame ring, in bf16 or float32,
+    and --levers measures its inference with the stacks read whole (read backwards); the deep torso and a ring
+    turned off have no row."""
     from bench.throughput import actor_levers
 
-    assert actor_levers(load_config("impala", ["actor.precision=bf16"])) == {
-        "stacks read whole": ("inference", ["actor.frame_ring=false"])}
-    assert "stacks read whole" in actor_levers(load_config("cpu", ["actor.precision=bf16"]))
-    for off in (["actor.precision=fp32"], ["actor.precision=bf16", "actor.frame_ring=false"],
+    for precision in ("bf16", "fp32"):
+        assert actor_levers(load_config("impala", [f"actor.precision={precision}"])) == {
+            "stacks read whole": ("inference", ["actor.frame_ring=false"])}
+        assert "stacks read whole" in actor_levers(load_config("cpu", [f"actor.precision={precision}"]))
+    for off in (["actor.precision=fp32", "actor.frame_ring=false"], ["actor.precision=bf16", "actor.frame_ring=false"],
                 ["actor.precision=bf16", "net.torso=deep"]):
         assert actor_levers(load_config("cpu", off)) == {}, off
 

@@ -346,11 +346,12 @@ def test_stacks_read_from_single_frames_give_the_loss_and_gradient_of_the_stacks
 
 @pytest.mark.parametrize("preset", ["impala", "cpu", "ngu"])
 def test_frames_read_in_blocks_give_the_loss_and_gradient_of_the_plain_read(preset):
-    """Decision 83: the bf16 CPU learner reads a batch's stacks in 4x4 blocks, which its first convolution reads as
-    a stride-1 convolution: the same sums in another order, so the loss terms and the gradient agree with the plain
-    read's to bfloat16's precision (each term within 1% of its largest value over the batch, the gradient's cosine
-    above 0.999), centred (cpu, its target network too) or not (impala; NGU); in float32 the learner reads the
-    plain stacks."""
+    """Decisions 83 and 92: the CPU learner reads a batch's stacks in 4x4 blocks, which its first convolution reads
+    as a stride-1 convolution: the same sums in another order, so the loss terms and the gradient agree with the
+    plain read's to bfloat16's precision in bf16 (each term within 1% of its largest value over the batch, the
+    gradient's cosine above 0.999) and to float32's in fp32 (each term within 1e-5 of its largest, every gradient
+    element within 1e-5 of the largest; measured 1e-7 and 1e-6), centred (cpu, its target network too: in blocks
+    the frames come centred, in the plain read the first convolution folds the medians in) or not (impala; NGU)."""
     results = {}
     for precision in ("bf16", "fp32"):
         cfg, batch = _frames_batch(preset, precision)
@@ -367,15 +368,18 @@ def test_frames_read_in_blocks_give_the_loss_and_gradient_of_the_plain_read(pres
             out = trainer._loss(batch)
             out.total.backward()
             results[precision, blocks] = (read.blocks, out.terms.detach(), _flat_grad(trainer.model))
-    assert results["bf16", True][0] == 4 and results["fp32", True][0] == results["bf16", False][0] == 1
+    assert results["bf16", True][0] == results["fp32", True][0] == 4
+    assert results["bf16", False][0] == results["fp32", False][0] == 1
     off = load_config(preset, deep_merge(cfg.model_dump(), {"learner": {"frame_blocks": False}}))
     assert Trainer(off).model.frame_blocks == 1   # learner.frame_blocks=false: the plain read
     (_, terms, grad), (_, terms_blocks, grad_blocks) = results["bf16", False], results["bf16", True]
     scale = terms.abs().amax(dim=0, keepdim=True)
     assert bool(((terms_blocks - terms).abs() <= 1e-2 * scale + 1e-4).all()), (terms, terms_blocks)
     assert float(torch.nn.functional.cosine_similarity(grad, grad_blocks, dim=0)) > 0.999
-    (_, terms32, grad32), (_, terms32_set, grad32_set) = results["fp32", False], results["fp32", True]
-    assert torch.equal(terms32, terms32_set) and torch.equal(grad32, grad32_set)
+    (_, terms32, grad32), (_, terms32_blocks, grad32_blocks) = results["fp32", False], results["fp32", True]
+    scale32 = terms32.abs().amax(dim=0, keepdim=True)
+    assert bool(((terms32_blocks - terms32).abs() <= 1e-5 * scale32 + 1e-7).all()), (terms32, terms32_blocks)
+    assert float((grad32_blocks - grad32).abs().max()) <= 1e-5 * float(grad32.abs().max())
 
 
 @pytest.mark.parametrize("preset", ["cpu", "impala"])

@@ -433,10 +433,10 @@ def test_a_first_convolution_over_frames_in_blocks_is_the_strided_convolution(ce
         conv(blocks_of_two.reshape(steps * batch, *blocks_of_two.shape[2:]))
 
 
-def test_only_the_learners_bf16_cpu_read_comes_in_blocks():
+def test_only_the_learners_cpu_read_comes_in_blocks():
     """set_frame_blocks (the learner's) reads a batch in blocks of the first convolution's stride where that
-    convolution computes in bfloat16 on a CPU; float32, torsos whose first convolution has stride 1 and nets not
-    set read the plain stacks."""
+    convolution runs on a CPU, in bfloat16 (decision 83) or float32 (decision 92); torsos whose first convolution
+    has stride 1 and nets not set read the plain stacks."""
     torch.manual_seed(0)
     b = {"frames": torch.randint(0, 256, (6, 2, 84, 84), dtype=torch.uint8),
          "stack_start": torch.zeros(3, 2, dtype=torch.bool)}
@@ -449,7 +449,7 @@ def test_only_the_learners_bf16_cpu_read_comes_in_blocks():
 
     assert blocks(small, True) == 1
     small.set_frame_blocks(True)
-    assert blocks(small, True) == 4 and blocks(small, False) == 1
+    assert blocks(small, True) == blocks(small, False) == 4
     assert blocks(deep.set_frame_blocks(True), True) == 1
     assert blocks(small.set_frame_blocks(False), True) == 1
 
