@@ -274,14 +274,18 @@ def test_lbc_target_network_is_copied_every_period_and_sets_the_targets():
 def test_a_compiled_recurrence_trains_as_the_eager_one(monkeypatch):
     """learner.compile: the online network's and the target network's LayerNormLSTM unroll through
     torch.compile's kernels, and a step's gradient, loss and priorities match the eager learner's within float
-    rounding (the kernels fuse the step's sums in another order). Chunks of 2 steps (the learner's 8 take
-    longer to compile): Catch's 10 + 1 learning steps are five chunks and an eager step."""
+    rounding (the kernels fuse the step's sums in another order), states reset inside the sequences included.
+    Chunks of 2 steps (the learner's 8 take longer to compile): Catch's 10 + 1 learning steps are five chunks
+    and an eager step. The target network then unrolls varying counts of sequences without a graph for each
+    count. On a CPU this is make test's one compiling test (compiling costs about 2 s a kernel on two cores);
+    tests/unit/test_nets.py checks the module alone on a GPU."""
     from lbc import nets
     from lbc.nets import LayerNormLSTM
     monkeypatch.setattr(nets, "COMPILED_STEPS", 2)
     torch._dynamo.reset()   # graphs compiled by other tests count against torch's recompile limit
     base = ["learner.warmup_steps=0", "learner.clip_norm=1e9", "learner.target_update_every=2"]
     batch = _batch(load_config("catch", base), np.random.default_rng(5))
+    batch["reset"][0, 3] = batch["reset"][1, 8] = True   # the state starts afresh inside a chunk and at a chunk's start
     results = []
     for compiled in (False, True):
         torch.manual_seed(0)
@@ -289,12 +293,21 @@ def test_a_compiled_recurrence_trains_as_the_eager_one(monkeypatch):
         cores = [m for net in (trainer.model, trainer.loss.target) for m in net.modules()
                  if isinstance(m, LayerNormLSTM)]
         assert len(cores) == 2 and all(core.compiled == compiled for core in cores)
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         stats = trainer.train_step(batch)
         results.append((stats, torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs   # it did compile
     (eager, g_eager), (fused, g_fused) = results
     torch.testing.assert_close(g_fused, g_eager, rtol=1e-4, atol=1e-4 * float(g_eager.abs().max()))
     assert fused.loss == pytest.approx(eager.loss, rel=1e-5)
     np.testing.assert_allclose(fused.priorities, eager.priorities, rtol=1e-4, atol=1e-6)
+    target = cores[1]
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        for count in (2, 3, 5, 6, 7):
+            zeros = torch.zeros(count, target.hidden_size)
+            target(torch.randn(4, count, target.input_proj.in_features), torch.ones(4, count, 1), (zeros, zeros))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs <= 2
 
 
 @pytest.mark.parametrize("preset", ["cpu", "impala", "ngu"])
