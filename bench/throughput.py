@@ -393,10 +393,9 @@ def learner_unrolls_natively(cfg: Config) -> bool:
 def reads_frame_blocks(cfg: Config) -> bool:
     """Whether the preset's learner reads its frames in blocks (decisions 83, 92): set so, on a CPU, and a first
     convolution that can."""
-    if not cfg.learner.frame_blocks or pick_device(cfg.learner.device, "learner.device").type != "cpu":
-        return False
     spec = env_spec(cfg.env)
-    return build_net(cfg, spec.obs_shape, spec.num_actions).set_frame_blocks(True).frame_blocks > 1
+    net = build_net(cfg, spec.obs_shape, spec.num_actions).set_frame_blocks(cfg.learner.frame_blocks)
+    return net.blocks_on(pick_device(cfg.learner.device, "learner.device").type) > 1
 
 
 def actor_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:

@@ -736,6 +736,11 @@ class LBCNet(nn.Module):
         self.frame_blocks = self.input_blocks() if enabled else 1
         return self
 
+    def blocks_on(self, device: str) -> int:
+        """The side of the blocks sequence_input reads a batch's frames in on `device` (a device type): the learner's
+        setting (set_frame_blocks) on a CPU, 1 (frames as they are) elsewhere."""
+        return self.frame_blocks if device == "cpu" else 1
+
     def input_blocks(self) -> int:
         """The side of the blocks in which the first convolution can read frames (FrameConv2d.block_size), 1 where
         it cannot or the torso does not convolve."""
@@ -764,10 +769,8 @@ class LBCNet(nn.Module):
         """What the torso is given for a time-major batch's observations: torso_input's, read straight from the
         batch's single frames where it carries them and the torso convolves (read_frame_sequences)."""
         if "frames" in b and isinstance(self.torso, _ConvTorso):
-            device = b["frames"].device.type
-            blocks = self.frame_blocks if device == "cpu" else 1
             return read_frame_sequences(b["frames"], b["stack_start"], self.centre_frames, self.median_by_sort,
-                                        self.torso.memory_format, blocks)
+                                        self.torso.memory_format, self.blocks_on(b["frames"].device.type))
         return self.torso_input(observations(b))
 
     def torso_dead_units(self, frames: torch.Tensor) -> dict[str, float]:

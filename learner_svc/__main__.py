@@ -124,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
              cfg.learner.precision)
     if trainer.native_unroll:
         log.info("the LayerNorm-LSTM unrolls by lbc.native's C++ (learner.native_unroll)")
-    if trainer.device.type == "cpu" and trainer.model.frame_blocks > 1:
-        blocks = trainer.model.frame_blocks
+    blocks = trainer.model.blocks_on(trainer.device.type)
+    if blocks > 1:
         log.info("frames read in %dx%d blocks, the first convolution a stride-1 one over them (learner.frame_blocks)",
                  blocks, blocks)
 

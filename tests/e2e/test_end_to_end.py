@@ -120,7 +120,9 @@ def test_short_pong_run(tmp_path):
     assert "frames" in proc.stdout and "lbc: stopped" in proc.stdout
     _no_tracebacks(run_dir)
     # the preset's target network: replay's early draws repeat sequences, whose target outputs were kept
-    kept = re.findall(r"outputs kept for (\d+) of (\d+) sequences", (run_dir / "logs" / "learner.log").read_text())
+    learner_log = (run_dir / "logs" / "learner.log").read_text()
+    assert "frames read in 4x4 blocks" in learner_log   # the CPU learner's read (learner.frame_blocks), logged
+    kept = re.findall(r"outputs kept for (\d+) of (\d+) sequences", learner_log)
     assert kept and 0 < int(kept[-1][0]) < int(kept[-1][1])   # the last: at the learner's stop
     # each next batch prepared while a step trains: the rate limiter's slack lets replay hand out several batches
     # at once after its first 64 sequences, so some steps find theirs prepared

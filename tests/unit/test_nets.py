@@ -452,7 +452,9 @@ def test_only_the_learners_cpu_read_comes_in_blocks():
     small.set_frame_blocks(True)
     assert blocks(small, True) == blocks(small, False) == 4
     assert blocks(deep.set_frame_blocks(True), True) == 1
-    assert blocks(small.set_frame_blocks(False), True) == 1
+    # what the learner logs and bench.throughput's levers read: the CPU's read only
+    assert (small.blocks_on("cpu"), small.blocks_on("cuda"), deep.blocks_on("cpu")) == (4, 1, 1)
+    assert blocks(small.set_frame_blocks(False), True) == 1 and small.blocks_on("cpu") == 1
 
 
 def test_feedforward_core_reads_the_frame_alone():
