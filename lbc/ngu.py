@@ -53,6 +53,10 @@ class EpisodicMemory:
     k-nearest-neighbour distances kept across episodes. With fewer than k embeddings stored, the
     missing neighbours count as infinitely far (K = 0); the first step of an episode, with an empty
     memory, gets 0 (docs/decisions.md 21).
+
+    The squared distances are taken as ||m_i||^2 - 2 m_i . f + ||f||^2 (clamped at 0), each slot's squared norm kept
+    when it is stored: one matrix-vector product over the memory rather than a [size, dim] difference, 3.7-4.6x
+    faster from 1,000 slots on (decision 93); float rounding apart, the same distances.
     """
 
     def __init__(self, capacity: int, dim: int, k: int = 10, kernel_eps: float = 1e-3, c: float = 1e-3,
@@ -60,6 +64,7 @@ class EpisodicMemory:
         self.capacity, self.k = capacity, k
         self.kernel_eps, self.c, self.xi, self.s_max = kernel_eps, c, cluster_xi, max_similarity
         self.slots = np.zeros((capacity, dim), np.float32)
+        self.sq_norms = np.zeros(capacity, np.float32)   # ||m_i||^2 of each slot
         self.size = 0
         self.next = 0
         self.mean_sq_dist = 0.0
@@ -73,7 +78,9 @@ class EpisodicMemory:
         if self.size == 0:
             self.add(embedding)
             return 0.0
-        sq = ((self.slots[: self.size] - embedding) ** 2).sum(-1)
+        f = np.asarray(embedding, np.float32)
+        sq = self.sq_norms[: self.size] - 2.0 * (self.slots[: self.size] @ f) + float(f @ f)
+        np.maximum(sq, 0.0, out=sq)   # rounding can take a near-zero distance below 0
         nearest = np.partition(sq, self.k - 1)[: self.k] if sq.shape[0] > self.k else sq
         # running mean of all k-NN squared distances: the cumulative mean, updated by the batch at once
         self.mean_count += nearest.shape[0]
@@ -88,6 +95,7 @@ class EpisodicMemory:
     def add(self, embedding: np.ndarray) -> None:
         """Store an embedding without scoring it (the ring drops the oldest when full)."""
         self.slots[self.next] = embedding
+        self.sq_norms[self.next] = self.slots[self.next] @ self.slots[self.next]
         self.next = (self.next + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 

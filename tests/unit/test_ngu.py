@@ -91,6 +91,42 @@ def test_identical_neighbours_cluster_and_the_similarity_cut_off() -> None:
     assert strict.size == 0 and strict.reward(e) == 0.0
 
 
+def _episodic_rewards_by_loop(embeddings: np.ndarray, capacity: int, k: int, eps: float = 1e-3, c: float = 1e-3,
+                              xi: float = 8e-3, s_max: float = 8.0) -> list[float]:
+    """NGU Alg. 1 as a plain loop: each embedding scored against the last `capacity` before it, the squared
+    distances summed coordinate by coordinate in float64, then stored."""
+    stored: list[np.ndarray] = []
+    total, count, out = 0.0, 0, []
+    for f in embeddings.astype(np.float64):
+        if not stored:
+            out.append(0.0)
+        else:
+            sq = sorted(sum((m[i] - f[i]) ** 2 for i in range(len(f))) for m in stored)[:k]
+            for d in sq:   # the running mean of every k-NN squared distance so far
+                count += 1
+                total += d
+            mean = total / count
+            s = math.sqrt(sum(eps / (max(d / mean - xi, 0.0) + eps) for d in sq)) + c
+            out.append(0.0 if s > s_max else 1.0 / s)
+        stored = (stored + [f])[-capacity:]
+    return out
+
+
+def test_episodic_rewards_match_a_plain_loop_over_the_memory() -> None:
+    """The memory's distances by norms and one product (decision 93) against Alg. 1 as a loop: random embeddings of
+    an embedding network's scale, repeats among them (distance 0, where the product's rounding would go below 0),
+    the ring wrapping, and a far-off embedding (norm 100) among near ones."""
+    rng = np.random.default_rng(3)
+    embeddings = rng.standard_normal((90, 8)).astype(np.float32)
+    embeddings[40:50] = embeddings[30]          # ten repeats
+    embeddings[60] = embeddings[61] = 100.0 * embeddings[59] / np.linalg.norm(embeddings[59])
+    embeddings[70:] = embeddings[70:] * 1e-2 + 3.0   # close together far from the origin
+    mem = EpisodicMemory(capacity=25, dim=8, k=5)
+    got = [mem.reward(e) for e in embeddings]
+    np.testing.assert_allclose(got, _episodic_rewards_by_loop(embeddings, capacity=25, k=5), rtol=2e-4, atol=1e-6)
+    assert len(set(np.round(got, 6))) > 40   # the rewards vary, so the comparison can tell
+
+
 def test_memory_is_a_ring_buffer() -> None:
     mem = EpisodicMemory(capacity=3, dim=1, k=2)
     for v in range(5):
