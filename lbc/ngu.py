@@ -55,8 +55,8 @@ class EpisodicMemory:
     memory, gets 0 (docs/decisions.md 21).
 
     The squared distances are taken as ||m_i||^2 - 2 m_i . f + ||f||^2 (clamped at 0), each slot's squared norm kept
-    when it is stored: one matrix-vector product over the memory rather than a [size, dim] difference, 3.7-4.6x
-    faster from 1,000 slots on (decision 93); float rounding apart, the same distances.
+    when it is stored: one matrix-vector product over the memory rather than a [size, dim] difference: the distances and
+    the k nearest 2.7x faster at 1,000 slots, 4.6x at 29,000 (decision 93); float rounding apart, the same distances.
     """
 
     def __init__(self, capacity: int, dim: int, k: int = 10, kernel_eps: float = 1e-3, c: float = 1e-3,
