@@ -144,12 +144,20 @@ def test_the_compiled_layernorm_lstm_unroll_keeps_the_outputs_and_gradients(monk
     for g_f, g_e in zip(grads_f, grads_e, strict=True):
         torch.testing.assert_close(g_f, g_e, rtol=1e-4, atol=1e-5)
     # the target network unrolls a varying count of sequences: not a graph compiled for each
+    assert graphs_compiled_unrolling(fused, (2, 4, 5, 6, 7), steps=3) <= 2
+
+
+def graphs_compiled_unrolling(core: LayerNormLSTM, counts: tuple[int, ...], steps: int) -> int:
+    """The graphs torch.compile makes while `core` unrolls `steps` steps of each count of sequences in `counts`
+    without a gradient (as the target network does), from zero states."""
+    device = core.input_proj.weight.device
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     with torch.no_grad():
-        for batch in (2, 4, 5, 6, 7):
-            zeros = torch.zeros(batch, 8, device=device)
-            fused(torch.randn(3, batch, 5, device=device), torch.ones(3, batch, 1, device=device), (zeros, zeros))
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs <= 2
+        for count in counts:
+            zeros = torch.zeros(count, core.hidden_size, device=device)
+            core(torch.randn(steps, count, core.input_proj.in_features, device=device),
+                 torch.ones(steps, count, 1, device=device), (zeros, zeros))
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs
 
 
 def test_plain_lstm_core_matches_torch_lstm():
