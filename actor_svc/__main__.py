@@ -23,7 +23,7 @@ from lbc.agents import make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import Config
 from lbc.devices import pick_device, set_gpu_wait
-from lbc.envs import make_envs
+from lbc.envs import AtariEnvs, make_envs
 from lbc.nets import policy_net
 from lbc.scores import human_normalised
 from lbc.sequences import sequence_layout
@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     num_envs = cfg.env.num_envs
     seed = actor_seed(cfg.env.seed, args.index, args.actor_id)
     envs = make_envs(cfg.env, num_envs, seed=seed)
+    if isinstance(envs, AtariEnvs):
+        log.info("Atari screens resized by %s (env.native_resize)", envs.resized_by)
     spec = envs.spec
     remote = cfg.actor.inference == "remote"
     # with remote inference the actor's own network only shapes its state; its parameters are never pulled

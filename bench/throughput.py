@@ -50,7 +50,7 @@ from lbc.agents import Acting, family_of, make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import PRESETS, Config, load_config
 from lbc.devices import compute_precision, cpu_computes_bf16, pick_device, pinned
-from lbc.envs import env_spec, make_envs
+from lbc.envs import env_spec, make_envs, resizes_natively
 from lbc.launch import SERVICE_ENV_DEFAULTS
 from lbc.nets import build_net, policy_net
 from lbc.psi import Psi
@@ -59,19 +59,28 @@ from learner_svc.training import Trainer, to_time_major, unrolls_natively
 
 
 def env_rate(cfg: Config, seconds: float) -> float:
+    step = games_step(cfg)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        step()
+        steps += cfg.env.num_envs
+    return steps / (time.perf_counter() - start)
+
+
+def games_step(cfg: Config) -> Callable[[], None]:
+    """One step of the preset's vector of games with random actions (after 20 to warm up); the games close when
+    the step is dropped."""
     envs = make_envs(cfg.env, cfg.env.num_envs, seed=0)
     envs.reset()
     rng = np.random.default_rng(0)
     n = envs.spec.num_actions
+
+    def step() -> None:
+        envs.step(rng.integers(0, n, cfg.env.num_envs))
+
     for _ in range(20):
-        envs.step(rng.integers(0, n, cfg.env.num_envs))
-    steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        envs.step(rng.integers(0, n, cfg.env.num_envs))
-        steps += cfg.env.num_envs
-    rate = steps / (time.perf_counter() - start)
-    envs.close()
-    return rate
+        step()
+    return step
 
 
 def _actor_parts(cfg: Config) -> tuple[np.ndarray, torch.nn.Module, Acting]:
@@ -267,6 +276,8 @@ def stage_step(cfg: Config, stage: str) -> tuple[Callable[[], float], int]:
     of this process: learner.prepare_ahead's too), and the samples a step makes."""
     if stage == "learner":
         return cpu_timed(learner_step(cfg)[1]), cfg.learner.batch_size * cfg.sequence.length
+    if stage == "environment":
+        return cpu_timed(games_step(cfg)), cfg.env.num_envs
     return cpu_timed(acting_step(cfg)), cfg.env.num_envs
 
 
@@ -408,6 +419,14 @@ def actor_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
     return {"stacks read whole": ("inference", ["actor.frame_ring=false"])}
 
 
+def env_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
+    """Where the preset's Atari screens are resized by lbc.native (decision 94), resized by ALE's own code instead,
+    on the games' stage (a row read backwards)."""
+    if cfg.env.kind != "atari" or not resizes_natively(cfg.env):
+        return {}
+    return {"screens resized by ALE": ("environment", ["env.native_resize=false"])}
+
+
 # measured on a GPU learner only, where launching the recurrence's small kernels bounds the step (decision 56)
 GPU_LEVERS: dict[str, tuple[str, list[str]]] = {
     "recurrence as CUDA graphs": ("learner", ["learner.cuda_graphs=true"]),
@@ -457,7 +476,10 @@ def precision_lever(cfg: Config) -> dict[str, tuple[str, list[str]]]:
 
 
 def stage_on_cpu(cfg: Config, stage: str) -> bool:
-    """Whether the inference or learner stage of `cfg` runs on the CPU, where in_turn's CPU seconds measure it."""
+    """Whether the inference or learner stage of `cfg` runs on the CPU, where in_turn's CPU seconds measure it (the
+    games always do)."""
+    if stage == "environment":
+        return True
     section = "learner" if stage == "learner" else "actor"
     return pick_device(getattr(cfg, section).device, f"{section}.device").type == "cpu"
 
@@ -473,7 +495,7 @@ def lever_rows(preset: Config, cfg_of: dict[str, tuple[str, Config]], base: dict
     preset_steps: dict[str, tuple[Callable[[], float], int]] = {}   # built once a stage, measured beside each lever
     for lever, (stage, cfg) in cfg_of.items():
         preset_rate = None
-        if stage in ("inference", "learner") and stage_on_cpu(cfg, stage) and stage_on_cpu(preset, stage):
+        if stage == "environment" or (stage_on_cpu(cfg, stage) and stage_on_cpu(preset, stage)):
             if stage not in preset_steps:
                 preset_steps[stage] = stage_step(preset, stage)
             preset_rate, rate = in_turn([preset_steps[stage], stage_step(cfg, stage)], seconds)
@@ -693,7 +715,8 @@ def stages(args: argparse.Namespace, cfg: Config, record: dict) -> tuple[float, 
                         "learner_samples_per_s": learn, "learner_step_ms": parts, "operations": operations,
                         "ceiling_frames_per_s": ceiling * frame_skip}
     if args.levers:
-        settings = precision_lever(cfg) | learner_levers(cfg) | actor_levers(cfg) | (GPU_LEVERS if on_gpu else {})
+        settings = (precision_lever(cfg) | learner_levers(cfg) | actor_levers(cfg) | env_levers(cfg)
+                    | (GPU_LEVERS if on_gpu else {}))
         levers = {name: (stage, load_config(args.preset, [f"env.game={args.game}", *args.overrides, *sets]))
                   for name, (stage, sets) in settings.items()}
         base = {"environment": env, "inference": inf, "learner": learn}

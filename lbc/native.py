@@ -1,10 +1,14 @@
-"""lbc's native code: the LayerNorm-LSTM's unroll on a CPU (lbc/csrc/ln_lstm.cpp, decision 90), the same
-equations as lbc.lstm_bptt's unroll_forward and unroll_backward with each step's elementwise work in one pass over
-each row, where TorchScript runs a dozen small kernels a step.
+"""lbc's native code, torch operators in one library:
+- the LayerNorm-LSTM's unroll on a CPU (lbc/csrc/ln_lstm.cpp, decision 90), the same equations as lbc.lstm_bptt's
+  unroll_forward and unroll_backward with each step's elementwise work in one pass over each row, where TorchScript
+  runs a dozen small kernels a step;
+- the area resize of ALE's screens (lbc/csrc/area_resize.cpp, decision 94): OpenCV's INTER_AREA to the bit, for
+  lbc.screens.
 
 `make install` builds it (`python -m lbc.native`: g++ against the installed torch's headers and libraries) into
-the package, beside this file; a learner on a CPU loads it (learner.native_unroll) and unrolls by TorchScript
-where it is not built, does not load, or the CPU lacks AVX2 (the build's target), saying so in its log.
+the package, beside this file. A learner on a CPU loads it (learner.native_unroll) and unrolls by TorchScript
+where it is not built, does not load, or the CPU lacks AVX2 (the build's target), saying so in its log; Atari
+games resize by ALE's own code there (env.native_resize).
 
     python -m lbc.native            # build (again)
     python -m lbc.native --check    # whether it loads here
@@ -25,19 +29,24 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "ln_lstm.cpp"
+CSRC = Path(__file__).with_name("csrc")
 LIBRARY = Path(__file__).with_name("liblbc_native.so")
-# x86-64-v3: AVX2 and FMA, which glibc's vector maths (libmvec) uses for the loops' exp and tanh. -ffast-math
+COMMON_FLAGS = ["-O3", "-march=x86-64-v3", "-fPIC", "-std=c++20"]
+# x86-64-v3: AVX2 and FMA, which glibc's vector maths (libmvec) uses for the LSTM's exp and tanh. -ffast-math
 # (for those vector calls and the loops' reductions) is given to the compile step only: given to the link it would
 # add the start-up code that flushes denormals for the whole process (gcc 12's crtfastmath.o), changing torch's maths.
-COMPILE_FLAGS = ["-O3", "-ffast-math", "-fopenmp-simd", "-march=x86-64-v3", "-fPIC", "-std=c++20"]
+# The resize must round each product and each sum as OpenCV's loop does: no fast maths, no fused multiply-adds.
+SOURCES = {
+    "ln_lstm.cpp": ["-ffast-math", "-fopenmp-simd"],
+    "area_resize.cpp": ["-fno-fast-math", "-ffp-contract=off"],
+}
 CPU_CAPABILITIES = ("AVX2", "AVX512")   # torch.backends.cpu.get_cpu_capability() on a CPU the build runs on
 
 Op = Callable[..., list[torch.Tensor]]
 
 
 def build() -> None:
-    """Compile SOURCE against this torch with g++ into LIBRARY (written whole, then moved into place: a running
+    """Compile SOURCES against this torch with g++ into LIBRARY (written whole, then moved into place: a running
     learner keeps the library it loaded)."""
     from torch.utils import cpp_extension
 
@@ -45,9 +54,13 @@ def build() -> None:
     libs = [f"-L{p}" for p in cpp_extension.library_paths()]
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     with tempfile.TemporaryDirectory() as tmp:
-        obj, out = Path(tmp) / "ln_lstm.o", Path(tmp) / LIBRARY.name
-        subprocess.run(["g++", *COMPILE_FLAGS, abi, *includes, "-c", str(SOURCE), "-o", str(obj)], check=True)
-        subprocess.run(["g++", "-shared", str(obj), "-o", str(out), *libs, "-ltorch_cpu", "-lc10"], check=True)
+        objects = []
+        for name, flags in SOURCES.items():
+            objects.append(str(Path(tmp) / name.replace(".cpp", ".o")))
+            subprocess.run(["g++", *COMMON_FLAGS, *flags, abi, *includes, "-c", str(CSRC / name), "-o", objects[-1]],
+                           check=True)
+        out = Path(tmp) / LIBRARY.name
+        subprocess.run(["g++", "-shared", *objects, "-o", str(out), *libs, "-ltorch_cpu", "-lc10"], check=True)
         out.replace(LIBRARY)
 
 
@@ -62,19 +75,37 @@ def unavailable() -> str | None:
 
 
 @functools.cache
-def ln_lstm_ops() -> tuple[Op, Op] | None:
-    """(forward, backward): the unroll's two operators (torch.ops.lbc_native), or None where they cannot run here
-    (unavailable, or the library fails to load: a torch other than the one it was built against), logged once."""
+def load() -> str | None:
+    """Loads the library into torch.ops.lbc_native once; why it cannot (unavailable, or it fails to load: a torch
+    other than the one it was built against), or None where it has."""
     problem = unavailable()
     if problem is None:
         try:
             torch.ops.load_library(str(LIBRARY))
         except (OSError, RuntimeError) as err:
             problem = f"{LIBRARY} does not load: {err}"
+    return problem
+
+
+@functools.cache
+def ln_lstm_ops() -> tuple[Op, Op] | None:
+    """(forward, backward): the unroll's two operators (torch.ops.lbc_native), or None where they cannot run here,
+    logged once."""
+    problem = load()
     if problem is not None:
         log.warning("the LayerNorm-LSTM unrolls by TorchScript: %s", problem)
         return None
     return torch.ops.lbc_native.ln_lstm_forward, torch.ops.lbc_native.ln_lstm_backward
+
+
+@functools.cache
+def area_resize_op() -> Op | None:
+    """The area resize's operator (lbc.screens), or None where it cannot run here, logged once."""
+    problem = load()
+    if problem is not None:
+        log.warning("Atari screens are resized by ALE's own code: %s", problem)
+        return None
+    return torch.ops.lbc_native.area_resize
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         build()
         print(f"built {LIBRARY}")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    ok = ln_lstm_ops() is not None
-    print(f"native unroll {'loads' if ok else 'unavailable'} here")
+    ok = ln_lstm_ops() is not None and area_resize_op() is not None
+    print(f"native unroll and area resize {'load' if ok else 'unavailable'} here")
     return 0 if ok or not args.check else 1
 
 

@@ -311,6 +311,22 @@ def test_the_actor_lever_measures_the_stacks_read_whole_where_a_frame_ring_reads
         assert actor_levers(load_config("cpu", off)) == {}, off
 
 
+def test_the_games_lever_measures_screens_resized_by_ale_where_lbc_native_resizes_them():
+    """Decision 94: where lbc.native resizes the Atari screens, --levers measures the games with ALE resizing them
+    (read backwards); games that are not Atari, or set to ALE's resize, have no row."""
+    from bench.throughput import env_levers, stage_step
+    from lbc import native
+
+    problem = native.unavailable()
+    if problem is not None and "AVX2" in problem:
+        pytest.skip(problem)
+    assert env_levers(load_config("impala")) == {"screens resized by ALE": ("environment", ["env.native_resize=false"])}
+    assert env_levers(load_config("cpu", ["env.native_resize=false"])) == {}
+    assert env_levers(load_config("catch")) == {}
+    step, samples = stage_step(load_config("cpu", ["env.num_envs=2"]), "environment")
+    assert samples == 2 and step() > 0   # the CPU seconds of one step of the games
+
+
 def test_an_actors_loop_split_is_each_parts_milliseconds_per_loop_and_adds_up_to_the_window():
     from bench.system import SystemReading, actor_loop_split
 

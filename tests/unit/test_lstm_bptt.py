@@ -409,6 +409,7 @@ def test_without_the_library_the_unroll_is_torchscripts_and_says_why(monkeypatch
     """Where lbc.native's library is missing, ln_lstm_ops says why (once) and a module asked for the native unroll
     runs TorchScript's, with its results."""
     monkeypatch.setattr(native, "LIBRARY", tmp_path / "liblbc_native.so")
+    native.load.cache_clear()
     native.ln_lstm_ops.cache_clear()
     try:
         with caplog.at_level("WARNING", logger="lbc.native"):
@@ -422,4 +423,5 @@ def test_without_the_library_the_unroll_is_torchscripts_and_says_why(monkeypatch
         out.sum().backward()
         assert asked == ["unroll_forward", "unroll_backward"]
     finally:
+        native.load.cache_clear()
         native.ln_lstm_ops.cache_clear()
