@@ -58,13 +58,18 @@ from lbc.sequences import sequence_layout
 from learner_svc.training import Trainer, to_time_major, unrolls_natively
 
 
-def env_rate(cfg: Config, seconds: float) -> float:
-    step = games_step(cfg)
-    steps, start = 0, time.perf_counter()
+def samples_per_second(step: Callable[[], None], samples: int, seconds: float) -> float:
+    """Samples per second of wall time of `step`, `samples` a call, called for `seconds`."""
+    done, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         step()
-        steps += cfg.env.num_envs
-    return steps / (time.perf_counter() - start)
+        done += samples
+    return done / (time.perf_counter() - start)
+
+
+def env_rate(cfg: Config, seconds: float) -> float:
+    """Agent steps per second of the preset's games (games_step)."""
+    return samples_per_second(games_step(cfg), cfg.env.num_envs, seconds)
 
 
 def games_step(cfg: Config) -> Callable[[], None]:
@@ -118,12 +123,7 @@ def acting_step(cfg: Config) -> Callable[[], None]:
 
 def inference_rate(cfg: Config, seconds: float) -> float:
     """Samples per second of the actor's acting step (acting_step)."""
-    step = acting_step(cfg)
-    samples, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        step()
-        samples += cfg.env.num_envs
-    return samples / (time.perf_counter() - start)
+    return samples_per_second(acting_step(cfg), cfg.env.num_envs, seconds)
 
 
 def intrinsic_cost(cfg: Config, fills: tuple[int, ...], steps: int = 50) -> dict[int, float]:

@@ -49,7 +49,7 @@ class EnvConfig(_Section):
     stack: int = Field(4, ge=1)
     image_size: int = Field(84, ge=8)
     native_resize: bool = Field(True, description="Atari screens resized by lbc.native's C++ (OpenCV's INTER_AREA to "
-                                "the bit, a fifth less of the games' CPU; decision 94) where it is built and loads, "
+                                "the bit, the games 3-19% less CPU; decision 94) where it is built and loads, "
                                 "else by ALE's own code: the same frames either way")
     max_episode_frames: int = Field(108_000, ge=1)
     episodic_life: bool = Field(

@@ -78,7 +78,8 @@ class AtariEnvs:
 
     With env.native_resize where lbc.native loads (decision 94), ALE hands over its max-pooled grey screens
     unresized and this class resizes them (lbc.screens, cv::resize's INTER_AREA to the bit) and stacks them as
-    ALE does (older slots blank at a start): the same observations for a fifth less of the games' CPU."""
+    ALE does (older slots blank at a start): the same observations for 3-19% less of the games' CPU
+    (docs/speed.md, session 65)."""
 
     def __init__(self, cfg: EnvConfig, num_envs: int, seed: int) -> None:
         from ale_py.vector_env import AtariVectorEnv  # heavy import, only where Atari runs

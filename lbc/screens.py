@@ -3,7 +3,7 @@ ale-py's AtariVectorEnv runs on every step, to the bit, at a fraction of its CPU
 
 ale-py resizes each game's max-pooled 210x160 grey screen with cv::resize(INTER_AREA), whose loop for a
 non-integer ratio scatters every term into a row of sums through a table, each term waiting on the one before:
-about a fifth of the games' CPU on the `cpu` and `impala` presets (docs/speed.md, session 65). Asked for the
+10-12% of the games' CPU samples, the resize alone about 80 us a frame (docs/speed.md, session 65). Asked for the
 screens unresized, lbc.envs.AtariEnvs resizes them here with the same tables and the same float operations in the
 same order (lbc/csrc/area_resize.cpp), and stacks them as ALE does.
 

@@ -1,4 +1,5 @@
-"""Starting real service processes on free loopback ports for integration and end-to-end tests."""
+"""What the tests share: starting real service processes on free loopback ports for integration and end-to-end
+tests, and comparing two sets of games step by step."""
 
 from __future__ import annotations
 
@@ -180,3 +181,28 @@ def run_folder_with_checkpoint(run: Path, cfg, step: int, version: int) -> None:
     agent = build_agent(cfg, spec.obs_shape, spec.num_actions)
     checkpoint.save(run / "checkpoints", agent, build_optimiser(agent, cfg.learner),
                     checkpoint.Counters(step, version, 0))
+
+
+STEP_FIELDS = ("obs", "reward", "done", "truncated", "life_lost")
+
+
+def assert_same_step(a, b, fields: tuple[str, ...] = STEP_FIELDS) -> None:
+    """Two lbc.envs.StepResults equal field by field (the field named where they differ)."""
+    import numpy as np
+
+    for field in fields:
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+
+
+def same_play(a, b, steps: int, seed: int):
+    """Two sets of games (lbc.envs) reset and then stepped by the same random actions, their observations at the
+    reset and each step's results equal (assert_same_step); yields each step's two results."""
+    import numpy as np
+
+    np.testing.assert_array_equal(a.reset(), b.reset())
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        actions = rng.integers(0, a.spec.num_actions, a.num_envs)
+        first, second = a.step(actions), b.step(actions)
+        assert_same_step(first, second)
+        yield first, second

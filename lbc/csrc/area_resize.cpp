@@ -173,8 +173,8 @@ void area_resize(const Tensor& src, const Tensor& dst, const Tensor& x_index, co
   const int64_t cols = padded(width), out_cols = padded(out_w);
   TORCH_CHECK(out_cols <= kMaxOutCols && y_terms <= kMaxTerms, "area_resize: at most 512 output columns, 16 terms");
 
-  // kept between calls (an actor resizes every step), sized for a strip of output rows; across_t's rows beyond
-  // out_w stay zero
+  // kept between calls (an actor resizes every step), sized for a strip of output rows. across_t's rows beyond out_w
+  // are never written: what they hold reaches only the lanes beyond out_w, which are not stored
   int64_t strip_rows = 0;   // the most source rows any strip reads, padded
   for (int64_t dy0 = 0; dy0 < out_h; dy0 += kStrip) {
     const auto [lo, hi] = source_rows(yi, y_terms, dy0, std::min(out_h, dy0 + kStrip));

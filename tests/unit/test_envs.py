@@ -7,6 +7,7 @@ import pytest
 
 from lbc.config import load_config
 from lbc.envs import AtariEnvs, CatchEnvs, IndependentEnvs
+from tests.support import assert_same_step, same_play
 
 
 @pytest.fixture(scope="module")
@@ -100,20 +101,13 @@ def test_independent_games_play_a_vectors_frames_and_idle_where_told():
     step keeps its frame, with no reward and no end, and later goes on from where it stopped."""
     cfg = load_config("cpu", ["env.game=breakout"]).env
     vector, independent = AtariEnvs(cfg, 3, seed=11), IndependentEnvs(cfg, 3, seed=11)
-    np.testing.assert_array_equal(vector.reset(), independent.reset())
-    rng = np.random.default_rng(1)
-    ends = 0
-    for _ in range(250):
-        actions = rng.integers(0, 18, 3)
-        a, b = vector.step(actions), independent.step(actions)
-        for field in ("obs", "reward", "done", "truncated", "life_lost"):
-            np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
-        ends += int(a.done.sum())
+    ends = sum(int(a.done.sum()) for a, _ in same_play(vector, independent, 250, seed=1))
     assert ends >= 1                                     # the same games across a same-step reset
     vector.close()
 
     # game 1 left out for 30 steps, against a game seeded as game 1 and stepped only when game 1 is
     alone = AtariEnvs(cfg, 1, seed=12)
+    rng = np.random.default_rng(2)
     last = independent.reset(seed=11)[1]
     alone.reset(seed=12)
     playing = np.array([True, False, True])
@@ -150,8 +144,7 @@ def test_a_restart_starts_new_games_from_where_their_random_numbers_are_without_
     np.testing.assert_array_equal(*restarts)
     steps = [[envs.step(actions) for actions in history] for envs in made]
     for a, b in zip(*steps, strict=True):
-        for field in ("obs", "reward", "done"):
-            np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+        assert_same_step(a, b, ("obs", "reward", "done"))
     start = time.process_time()
     made[0].reset(seed=5)
     seeded = time.process_time() - start

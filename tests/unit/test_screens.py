@@ -11,6 +11,7 @@ from lbc import native
 from lbc.config import load_config
 from lbc.envs import AtariEnvs
 from lbc.screens import AreaResize, area_tables
+from tests.support import same_play
 
 
 def _resize_here() -> None:
@@ -83,14 +84,8 @@ def test_atari_frames_resized_here_are_ales_to_the_bit(game):
     cfg = load_config("cpu", [f"env.game={game}", "env.max_episode_frames=600"]).env
     ours, ales = AtariEnvs(cfg, 4, seed=3), AtariEnvs(cfg.model_copy(update={"native_resize": False}), 4, seed=3)
     assert (ours.resized_by, ales.resized_by) == ("lbc.native", "ALE")
-    np.testing.assert_array_equal(ours.reset(), ales.reset())
-    rng = np.random.default_rng(0)
     cuts = 0
-    for _ in range(300):
-        actions = rng.integers(0, 18, 4)
-        a, b = ours.step(actions), ales.step(actions)
-        for field in ("obs", "reward", "done", "truncated", "life_lost"):
-            np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+    for a, b in same_play(ours, ales, 300, seed=0):
         assert (a.final_obs is None) == (b.final_obs is None)
         if a.final_obs is not None:
             np.testing.assert_array_equal(a.final_obs[a.truncated], b.final_obs[b.truncated])
