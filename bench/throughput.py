@@ -495,7 +495,7 @@ def lever_rows(preset: Config, cfg_of: dict[str, tuple[str, Config]], base: dict
     preset_steps: dict[str, tuple[Callable[[], float], int]] = {}   # built once a stage, measured beside each lever
     for lever, (stage, cfg) in cfg_of.items():
         preset_rate = None
-        if stage == "environment" or (stage_on_cpu(cfg, stage) and stage_on_cpu(preset, stage)):
+        if stage_on_cpu(cfg, stage) and stage_on_cpu(preset, stage):
             if stage not in preset_steps:
                 preset_steps[stage] = stage_step(preset, stage)
             preset_rate, rate = in_turn([preset_steps[stage], stage_step(cfg, stage)], seconds)
