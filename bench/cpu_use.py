@@ -4,11 +4,14 @@ bench.spy says where threads spend and wait; this says how the machine's CPU is 
 end-to-end window, each service's CPU seconds (user + system, all its threads) divided by the window is
 the cores it used, and divided by the agent steps made, its CPU cost per agent step: the figure that has
 to fall for more frames per second on a machine whose cores are all busy. Cores nobody used mean the
-system waits somewhere (a serial loop, a limiter) rather than computes.
+system waits somewhere (a serial loop, a limiter) rather than computes, or that the hypervisor ran someone
+else on them: a VM's kernel counts that as steal time (stolen_seconds), which no process of the VM is charged
+and which its processes' CPU seconds therefore leave out.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import psutil
@@ -32,6 +35,23 @@ def service_cpu_seconds(root_pid: int) -> dict[str, float]:
     return dict(seconds)
 
 
+def stolen_seconds() -> float:
+    """CPU seconds the hypervisor has taken from this machine's cores so far, all cores summed (the kernel's steal
+    time; 0 where it keeps none: bare metal, or not Linux)."""
+    return float(getattr(psutil.cpu_times(), "steal", 0.0))
+
+
+def steal_mark() -> tuple[float, float]:
+    """(wall clock, stolen_seconds) now, for stolen_cores_since."""
+    return time.perf_counter(), stolen_seconds()
+
+
+def stolen_cores_since(mark: tuple[float, float]) -> float:
+    """The cores the hypervisor took on average since steal_mark's `mark` (steal seconds per second of wall time)."""
+    start, stolen = mark
+    return (stolen_seconds() - stolen) / max(time.perf_counter() - start, 1e-9)
+
+
 SHOWN_CORES = 0.005   # a service busier than this has a row (the launcher and an idle bandit do not)
 
 
@@ -41,9 +61,10 @@ def cores_by_service(start: dict[str, float], end: dict[str, float], seconds: fl
 
 
 def cpu_table(start: dict[str, float], end: dict[str, float], seconds: float, agent_steps_per_s: float,
-              cores: int) -> list[str]:
+              cores: int, stolen: float = 0.0) -> list[str]:
     """Per service, the cores it kept busy between two service_cpu_seconds readings `seconds` apart and its
-    CPU milliseconds per agent step at `agent_steps_per_s`; then the total and the cores left idle."""
+    CPU milliseconds per agent step at `agent_steps_per_s`; then the total, the cores the hypervisor took
+    (`stolen`, in cores over the same window) and the cores left idle."""
     used = cores_by_service(start, end, seconds)
     rows = ["service                   cores busy   CPU ms per agent step"]
     for name, busy in sorted(used.items(), key=lambda item: -item[1]):
@@ -51,7 +72,9 @@ def cpu_table(start: dict[str, float], end: dict[str, float], seconds: float, ag
             rows.append(f"{name:24} {busy:10.2f} {busy / agent_steps_per_s * 1e3:16.3f}")
     total = sum(used.values())
     rows.append(f"{'all services':24} {total:10.2f} {total / agent_steps_per_s * 1e3:16.3f}")
-    rows.append(f"{'idle':24} {max(cores - total, 0.0):10.2f}   of {cores} cores")
+    if stolen > 0.0:
+        rows.append(f"{'taken by the hypervisor':24} {stolen:10.2f}   of {cores} cores (steal time)")
+    rows.append(f"{'idle':24} {max(cores - total - stolen, 0.0):10.2f}   of {cores} cores")
     return rows
 
 
@@ -59,11 +82,11 @@ def cpu_table(start: dict[str, float], end: dict[str, float], seconds: float, ag
 # their keys sorted, so pictures and lines take the order from here)
 CHARGED = ("games and inference alone", "learner alone")
 BEYOND = ("actors over their stages alone", "learner over its stage alone", "evaluator", "replay", "other services",
-          "idle cores")
+          "taken by the hypervisor", "idle cores")
 
 
 def ceiling_gap(cores_used: dict[str, float], cores: int, agent_steps_per_s: float, acting_ms: float,
-                learning_ms: float) -> dict[str, float]:
+                learning_ms: float, stolen: float = 0.0) -> dict[str, float]:
     """Where achieved / ceiling goes, in CPU milliseconds an agent step, for a CPU learner.
 
     bench.throughput.ceiling_rate charges each agent step `acting_ms` (its games and its inference at their rates
@@ -72,9 +95,10 @@ def ceiling_gap(cores_used: dict[str, float], cores: int, agent_steps_per_s: flo
         achieved / ceiling = (acting_ms + learning_ms) / (cores / agent_steps_per_s)
 
     and the denominator is what the window had: the ceiling's charges, the actors' and the learner's CPU over
-    their stages alone, the services the ceiling leaves out (the evaluator, replay, the bandit, the launcher), and
-    cores nobody used. `cores_used` as cores_by_service gives it; the parts sum to cores / agent_steps_per_s
-    where no more than `cores` were busy. Acting is every actor_svc process but the evaluator (with remote
+    their stages alone, the services the ceiling leaves out (the evaluator, replay, the bandit, the launcher), the
+    cores the hypervisor took (`stolen`, cores over the window: steal time, which no service is charged) and cores
+    nobody used. `cores_used` as cores_by_service gives it; the parts sum to cores / agent_steps_per_s where no
+    more than `cores` were busy or taken. Acting is every actor_svc process but the evaluator (with remote
     inference, the inference service too)."""
     ms = ms_by_role(cores_used, agent_steps_per_s)
     acting, learning, evaluator, replay = ms["actors"], ms["learner"], ms["evaluator"], ms["replay"]
@@ -82,7 +106,8 @@ def ceiling_gap(cores_used: dict[str, float], cores: int, agent_steps_per_s: flo
             "actors over their stages alone": acting - acting_ms,
             "learner over its stage alone": learning - learning_ms, "evaluator": evaluator, "replay": replay,
             "other services": ms["all services"] - acting - learning - evaluator - replay,
-            "idle cores": max(cores - sum(cores_used.values()), 0.0) / agent_steps_per_s * 1e3}
+            "taken by the hypervisor": stolen / agent_steps_per_s * 1e3,
+            "idle cores": max(cores - sum(cores_used.values()) - stolen, 0.0) / agent_steps_per_s * 1e3}
 
 
 def ms_by_role(cores_used: dict[str, float], agent_steps_per_s: float) -> dict[str, float]:
@@ -100,6 +125,18 @@ def ceiling_gap_line(gap: dict[str, float]) -> str:
     charged = sum(gap[name] for name in CHARGED)
     spent = sum(gap.values())
     extra = ", ".join(f"{name} {gap[name]:+.3f}" for name in BEYOND)
-    return (f"achieved / ceiling = {charged:.3f} / {spent:.3f} ms of CPU an agent step = {charged / spent:.2f}: the "
+    line = (f"achieved / ceiling = {charged:.3f} / {spent:.3f} ms of CPU an agent step = {charged / spent:.2f}: the "
             f"ceiling charges games and inference {gap['games and inference alone']:.3f} and the learner "
             f"{gap['learner alone']:.3f}; the window also spent: {extra}")
+    if gap["taken by the hypervisor"] > 0.0:
+        line += f"; on the cores the hypervisor left, {ratio_on_cores_left(gap):.2f}"
+    return line
+
+
+def ratio_on_cores_left(gap: dict[str, float]) -> float:
+    """Achieved / ceiling as if the window had had only the cores the hypervisor left it: ceiling_gap's charges
+    against what the window spent less the steal time. The ceiling assumes whole cores; on a host that takes a
+    share of them back this says how much of the rest the system turned into frames. Records before session 66
+    lack the steal part and read as none taken."""
+    charged = sum(gap[name] for name in CHARGED)
+    return charged / (sum(gap.values()) - gap.get("taken by the hypervisor", 0.0))

@@ -7,15 +7,16 @@ agent step the ceiling charges against what the window spent, part by part (achi
 The record is a plain dict filled as the benchmark goes (keys below); only what a run measured is in it.
   machine, cores, preset, game, settings                           what ran where
   stages: {environment_agent_steps_per_s, inference_samples_per_s, learner_samples_per_s (each alone on one
-           core), learner_step_ms, operations, ceiling_frames_per_s}
+           core), learner_step_ms, operations, ceiling_frames_per_s, stolen_cores (the cores the hypervisor took
+           meanwhile, steal time; from session 66)}
   levers: [{lever, stage, rate, gain, ceiling_frames_per_s, preset_rate (the preset's stage measured in turn)}]
   end_to_end: [{actors, frames_per_s, learner_steps_per_s, learner_bound_frames_per_s, lag, held, waited, ...}]
   actors (the end-to-end run the rest is of), ratio, learner_step_ms, actor_loop_ms, inference_passes,
-  cpu: {service: cores}, agent_steps_per_s
+  cpu: {service: cores}, agent_steps_per_s, stolen_cores (the window's steal time, in cores; from session 66)
   ceiling_gap_ms: {part: CPU ms an agent step} (a CPU learner: bench.cpu_use.ceiling_gap, the ratio's parts)
   other_inference: {inference, frames_per_s, x}
   stages_after: {environment_agent_steps_per_s, inference_samples_per_s, learner_samples_per_s,
-                 ceiling_frames_per_s, ratio_to_mean_ceiling} (the stages alone again after the window)
+                 ceiling_frames_per_s, ratio_to_mean_ceiling, stolen_cores} (the stages alone again after the window)
 
 `python -m bench.record DIR|FILE ... [--picture PNG]` prints several runs' records side by side (the A/B runs
 of bench/gpu_checks.sh, say), one row a run, and draws them side by side.
@@ -129,6 +130,9 @@ def _cores(record: dict, ax) -> None:
     ax.legend(fontsize=7, loc="upper right")
 
 
+HATCHES = {"idle cores": "//", "taken by the hypervisor": "xx"}   # the parts no service spent
+
+
 def _ceiling_gap(record: dict, ax) -> None:
     """Two stacked bars in CPU ms an agent step: what the ceiling charges, and what the window spent (the same
     charges, then each part beyond them); their heights' quotient is achieved / ceiling."""
@@ -138,10 +142,11 @@ def _ceiling_gap(record: dict, ax) -> None:
         bottom = 0.0
         for name in parts:
             extra = name in BEYOND
-            ax.bar(x, gap[name], bottom=bottom, color=colours.get(name), alpha=0.55 if extra else 1.0,
-                   hatch="//" if name == "idle cores" else None, edgecolor="#9e9e9e" if extra else None,
-                   label=f"{name}: {gap[name]:.3f} ms" if x == 1 else None)
-            bottom += gap[name]
+            ms = gap.get(name, 0.0)   # records before session 66 have no steal time
+            ax.bar(x, ms, bottom=bottom, color=colours.get(name), alpha=0.55 if extra else 1.0,
+                   hatch=HATCHES.get(name), edgecolor="#9e9e9e" if extra else None,
+                   label=f"{name}: {ms:.3f} ms" if x == 1 else None)
+            bottom += ms
         ax.text(x, bottom, f"{bottom:.3f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks([0, 1], ["the ceiling charges", "the window spent"], fontsize=8)
     ax.set_xlim(-0.6, 3.2)
@@ -151,7 +156,8 @@ def _ceiling_gap(record: dict, ax) -> None:
     ax.legend(fontsize=7, loc="upper right")
 
 
-COLUMNS = ("frames/s", "ratio", "learner steps/s", "keeps up with", "held", "waited", "GPU busy", "CPU ms/step")
+COLUMNS = ("frames/s", "ratio", "learner steps/s", "keeps up with", "held", "waited", "stolen", "GPU busy",
+           "CPU ms/step")
 
 
 def main_run(record: dict) -> dict | None:
@@ -165,7 +171,8 @@ def summary_row(record: dict) -> list[str]:
     """One run's headline figures (COLUMNS): its main end-to-end run (the actor count the CPU split is of),
     achieved / ceiling where the stages ran, the learner's steps and the frames/s they keep up with at the replay
     ratio (bench.throughput.learner_bound_frames), replay holding the actors back and the learner waiting for data,
-    the GPU's busy share where sampled, and the CPU of all services per agent step."""
+    the cores the hypervisor took in the window (steal time; records before session 66 lack it), the GPU's busy
+    share where sampled, and the CPU of all services per agent step."""
     main = main_run(record)
     if main is None:
         return ["-"] * len(COLUMNS)
@@ -175,6 +182,7 @@ def summary_row(record: dict) -> list[str]:
             f"{main['learner_steps_per_s']:.2f}",
             f"{main['learner_bound_frames_per_s']:,.0f}" if "learner_bound_frames_per_s" in main else "-",
             f"{main['held']:.0%}", f"{main['waited']:.0%}",
+            f"{record['stolen_cores']:.2f}" if "stolen_cores" in record else "-",
             f"{main['gpu_busy_percent']:.0f}%" if "gpu_busy_percent" in main else "-",
             f"{sum(cpu.values()) / steps * 1e3:.3f}" if cpu and steps else "-"]
 

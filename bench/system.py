@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.cpu_use import service_cpu_seconds
+from bench.cpu_use import service_cpu_seconds, stolen_seconds
 from bench.spy import profile_lines
 from lbc.config import Endpoints, load_config
 from lbc.launch import scrape, value
@@ -39,18 +39,20 @@ class GpuSampler:
 
 def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: float, overrides: list[str],
                profile: bool = False, cwd: Path | None = None) -> dict:
-    """The whole system under the launcher: frames/s and learner steps/s over `seconds` after `warmup`, each
-    service's CPU seconds at the window's start and end ("cpu", over "seconds", for bench.cpu_use.cpu_table),
-    all read from the services themselves at the same two moments; with `profile`, py-spy's table of where
-    each service thread spends and waits (bench.spy) under "profile", sampled after that window so that the
-    sampler's own CPU (a tenth to a fifth of a core) does not count against the figures. With `cwd` the system runs
-    from that checkout of lbc (its services import its code; bench.ab's LABEL@DIR arms), its run folder there."""
+    """The whole system under the launcher: frames/s and learner steps/s over `seconds` after `warmup` seconds of
+    the system up (every service answering at its metrics port), each service's CPU seconds at the window's start
+    and end ("cpu", over "seconds", for bench.cpu_use.cpu_table), the cores the hypervisor took meanwhile
+    ("stolen_cores", steal time), all read from the services themselves at the same two moments; with `profile`,
+    py-spy's table of where each service thread spends and waits (bench.spy) under "profile", sampled after that
+    window so that the sampler's own CPU (a tenth to a fifth of a core) does not count against the figures. With
+    `cwd` the system runs from that checkout of lbc (its services import its code; bench.ab's LABEL@DIR arms), its
+    run folder there."""
     name = f"bench-{preset}-{game}"
     run_dir = Path(cwd or ".") / "runs" / name
     shutil.rmtree(run_dir, ignore_errors=True)
     span = min(20.0, seconds / 2) if profile else 0.0
-    # the launcher stops a little after the window, so that its own stopping costs the window nothing
-    duration = warmup + seconds + 5.0 + (span + 5.0 if profile else 0.0)
+    # stopped once the window (and the profile) is read; the duration only bounds a run whose reader went away
+    duration = STARTUP_S + warmup + seconds + 5.0 + (span + 5.0 if profile else 0.0)
     argv = [sys.executable, "-m", "lbc.launch", "--preset", preset, "--game", game, "--actors", str(actors),
             "--name", name, "--duration", str(duration), "--progress-every", "5"]
     for o in overrides:
@@ -82,11 +84,12 @@ def _window(launcher: subprocess.Popen, argv: list[str], run_dir: Path, preset: 
     cfg = load_config(preset, [f"env.game={game}", *overrides])
     endpoints = cfg.endpoints
     table: list[str] = []
+    remote = cfg.actor.inference == "remote"
+    _wait_until_up(launcher, run_dir, endpoints, actors, remote)
     time.sleep(warmup)
     if launcher.poll() is not None:
         raise RuntimeError(f"the launcher exited with {launcher.returncode} before the end-to-end window: see what "
                            f"it printed above and {run_dir}/logs")
-    remote = cfg.actor.inference == "remote"
     start = _system_reading(launcher.pid, endpoints, actors, remote)
     time.sleep(max(start.time + seconds - time.perf_counter(), 0.0))
     end = _system_reading(launcher.pid, endpoints, actors, remote)
@@ -95,11 +98,13 @@ def _window(launcher: subprocess.Popen, argv: list[str], run_dir: Path, preset: 
             table = profile_lines(launcher.pid, span)
         except RuntimeError as e:   # no ptrace rights: the figures still count
             table = [f"profile: {e}"]
-    if launcher.wait() != 0:
+    stop_launcher(launcher)
+    if launcher.returncode != 0:
         raise subprocess.CalledProcessError(launcher.returncode, argv)
     frames_per_s, steps_per_s = window_rates(start, end)
     return {"frames_per_s": frames_per_s, "learner_steps_per_s": steps_per_s, "seconds": end.time - start.time,
             "lag": end.lag, "profile": table, "cpu": (start.cpu, end.cpu),
+            "stolen_cores": (end.stolen - start.stolen) / (end.time - start.time),
             "target_repeats": _share(start.target_cache, end.target_cache),
             "waits": replay_waits(start.replay_waits, end.replay_waits, end.time - start.time),
             "learner_step_ms": learner_step_split(start, end),
@@ -120,11 +125,39 @@ class SystemReading:
     learner_seconds: dict[str, float]    # the training thread's seconds by part (learner_svc.step_time)
     actor_seconds: tuple[float, ...]     # ACTOR_SECONDS, summed over the actors
     inference: tuple[float, ...] = ()    # INFERENCE_COUNTS of the inference service (actor.inference=remote)
+    stolen: float = 0.0                  # CPU seconds the hypervisor took from the machine (bench.cpu_use)
+
+
+class NotUp(RuntimeError):
+    """A service of the system under test did not answer at its metrics port."""
+
+
+# how long the services may take to answer at their metrics ports before the warm-up starts: on a slow 2-core
+# host two 64-game actors, the evaluator and the inference service took more than 30 s (session 66)
+STARTUP_S = 180.0
+
+
+def _wait_until_up(launcher: subprocess.Popen, run_dir: Path, endpoints: Endpoints, actors: int, remote: bool,
+                   limit: float = STARTUP_S) -> None:
+    """Return once every service the window reads answers at its metrics port, so that the warm-up is the running
+    system's whatever its start took; raise where the launcher exits first or `limit` seconds pass."""
+    deadline = time.monotonic() + limit
+    while True:
+        if launcher.poll() is not None:
+            raise RuntimeError(f"the launcher exited with {launcher.returncode} while its services started: see "
+                               f"what it printed above and {run_dir}/logs")
+        try:
+            _system_reading(launcher.pid, endpoints, actors, remote)
+            return
+        except NotUp as e:
+            if time.monotonic() > deadline:
+                raise NotUp(f"{e} after {limit:.0f} s: see {run_dir}/logs") from None
+        time.sleep(1.0)
 
 
 def _system_reading(launcher_pid: int, endpoints: Endpoints, actors: int, remote: bool = False) -> SystemReading:
     before = time.perf_counter()
-    cpu = service_cpu_seconds(launcher_pid)
+    cpu, stolen = service_cpu_seconds(launcher_pid), stolen_seconds()
     actor_metrics = [scrape(endpoints.actor_metrics_base + i, timeout=5.0) for i in range(actors)]
     actor_frames = [value(m, "lbc_actor_frames_total") for m in actor_metrics]
     learner = scrape(endpoints.learner_metrics, timeout=5.0)
@@ -136,11 +169,11 @@ def _system_reading(launcher_pid: int, endpoints: Endpoints, actors: int, remote
     if remote and value(inference, "lbc_inference_passes_total") is None:
         missing.append("the inference service")
     if missing:
-        raise RuntimeError(f"{', '.join(missing)} did not answer at its metrics port: the end-to-end window cannot "
-                           "be counted (is --warmup long enough for every service to start?)")
+        raise NotUp(f"{', '.join(missing)} did not answer at its metrics port: the end-to-end window cannot be "
+                    "counted")
     return SystemReading(time=(before + time.perf_counter()) / 2, frames=sum(actor_frames),
                          learner_steps=value(learner, "lbc_learner_steps_total"),
-                         lag=value(learner, "lbc_learner_policy_lag", stat="mean"), cpu=cpu,
+                         lag=value(learner, "lbc_learner_policy_lag", stat="mean"), cpu=cpu, stolen=stolen,
                          target_cache=tuple(value(learner, n) or 0.0 for n in TARGET_CACHE),
                          replay_waits=tuple(value(replay, n) or 0.0 for n in REPLAY_WAITS),
                          learner_seconds={labels["part"]: v for labels, v in learner.get(STEP_SECONDS_NAME, [])},

@@ -42,7 +42,15 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.cpu_use import ceiling_gap, ceiling_gap_line, cores_by_service, cpu_table
+from bench.cpu_use import (
+    ceiling_gap,
+    ceiling_gap_line,
+    cores_by_service,
+    cpu_table,
+    ratio_on_cores_left,
+    steal_mark,
+    stolen_cores_since,
+)
 from bench.record import write as write_record
 from bench.system import GpuSampler, end_to_end
 from lbc.acting import CoreInputs, acting_agent, forward, frame_ring
@@ -662,12 +670,18 @@ def main() -> int:
           flush=True)
     record: dict = {"machine": machine, "cores": args.cores, "preset": args.preset, "game": args.game,
                     "settings": args.overrides, "torch": torch.__version__, "time": time.time()}
-    if args.end_to_end_only:
-        env = inf = learn = ceiling = None
-    else:
-        env, inf, learn, ceiling = stages(args, cfg, record)
-    if not args.stages_only:
-        end_to_end_lines(args, cfg, env, inf, learn, ceiling, record)
+    try:
+        if args.end_to_end_only:
+            env = inf = learn = ceiling = None
+        else:
+            env, inf, learn, ceiling = stages(args, cfg, record)
+        if not args.stages_only:
+            end_to_end_lines(args, cfg, env, inf, learn, ceiling, record)
+    except BaseException:   # an error or Ctrl-C late in a long run: what it measured so far is kept
+        if args.out is not None:
+            data, picture = write_record(record, args.out)
+            print(f"wrote what was measured before the error to {data} and {picture}", flush=True)
+        raise
     if args.out is not None:
         data, picture = write_record(record, args.out)
         print(f"wrote {data} and {picture}", flush=True)
@@ -679,6 +693,7 @@ def stages(args: argparse.Namespace, cfg: Config, record: dict) -> tuple[float, 
     `record` (bench.record); returns (environment agent steps/s, inference samples/s, learner samples/s,
     ceiling agent steps/s)."""
     frame_skip = cfg.env.frames_per_step
+    mark = steal_mark()
     env = env_rate(cfg, args.stage_seconds)
     print(f"environment alone (1 core): {env:10,.0f} agent steps/s ({env * frame_skip:,.0f} frames/s)",
           flush=True)
@@ -711,9 +726,11 @@ def stages(args: argparse.Namespace, cfg: Config, record: dict) -> tuple[float, 
     formula = (f"min({args.cores} / (1/env + 1/inference), learner/{ratio})" if on_gpu
                else f"{args.cores} / (1/env + 1/inference + {ratio}/learner)")
     print(f"ceiling = {formula} = {ceiling:,.0f} agent steps/s = {ceiling * frame_skip:,.0f} frames/s", flush=True)
+    stolen = stolen_cores_since(mark)
+    print(steal_line(stolen, args.cores), flush=True)
     record["stages"] = {"environment_agent_steps_per_s": env, "inference_samples_per_s": inf,
                         "learner_samples_per_s": learn, "learner_step_ms": parts, "operations": operations,
-                        "ceiling_frames_per_s": ceiling * frame_skip}
+                        "ceiling_frames_per_s": ceiling * frame_skip, "stolen_cores": stolen}
     if args.levers:
         settings = (precision_lever(cfg) | learner_levers(cfg) | actor_levers(cfg) | env_levers(cfg)
                     | (GPU_LEVERS if on_gpu else {}))
@@ -735,14 +752,25 @@ def stages_again(args: argparse.Namespace, cfg: Config, before: float, achieved:
     ceilings before and after it: the 2-core VM's host drifts by 10-30% within an hour (docs/speed.md), so a
     ceiling measured minutes before the window may belong to another hour than the window. Printed, and returned
     for `record`."""
+    mark = steal_mark()
     env, inf, learn = (env_rate(cfg, args.stage_seconds), inference_rate(cfg, args.stage_seconds),
                        learner_rate(cfg, args.stage_seconds))
+    stolen = stolen_cores_since(mark)
     after = ceiling_rate(args.cores, env, inf, learn, cfg.replay.replay_ratio, on_gpu)
     frame_skip = cfg.env.frames_per_step
     print(f"the stages alone again after the window: environment {env:,.0f} agent steps/s, inference {inf:,.0f} "
           f"samples/s, learner {learn:,.0f} samples/s; " + drift_line(before, after, achieved, frame_skip), flush=True)
+    print("  " + steal_line(stolen, args.cores), flush=True)
     return {"environment_agent_steps_per_s": env, "inference_samples_per_s": inf, "learner_samples_per_s": learn,
-            "ceiling_frames_per_s": after * frame_skip, "ratio_to_mean_ceiling": ratio_to_mean(achieved, before, after)}
+            "ceiling_frames_per_s": after * frame_skip, "ratio_to_mean_ceiling": ratio_to_mean(achieved, before, after),
+            "stolen_cores": stolen}
+
+
+def steal_line(stolen: float, cores: int) -> str:
+    """What the hypervisor took while the stages alone were measured: the games' and inference's rates are per
+    second of wall time, so steal time lowers them; the learner's, per CPU second, leaves it out."""
+    return (f"while the stages ran the hypervisor took {stolen:.2f} of the {cores} cores (steal time: it lowers the "
+            "games' and inference's rates, per second of wall time, not the learner's, per CPU second)")
 
 
 def ratio_to_mean(achieved: float, before: float, after: float) -> float:
@@ -824,15 +852,17 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
             preset_fps = e2e["frames_per_s"]
             record |= {"actors": actors, "agent_steps_per_s": achieved, "learner_step_ms": e2e["learner_step_ms"],
                        "actor_loop_ms": e2e["actor_loop_ms"], "inference_passes": e2e["inference_passes"],
-                       "cpu": cores_by_service(*e2e["cpu"], e2e["seconds"])}
+                       "cpu": cores_by_service(*e2e["cpu"], e2e["seconds"]), "stolen_cores": e2e["stolen_cores"]}
             if ceiling is not None:
                 record["ratio"] = achieved / ceiling
                 if on_gpu:
                     print(f"achieved / ceiling = {achieved / ceiling:.2f}", flush=True)
                 else:   # the ratio as the CPU the ceiling charges an agent step against what the window spent
                     acting, learning = core_seconds_per_step(env, inf, learn, ratio)
-                    gap = ceiling_gap(record["cpu"], args.cores, achieved, acting * 1e3, learning * 1e3)
+                    gap = ceiling_gap(record["cpu"], args.cores, achieved, acting * 1e3, learning * 1e3,
+                                      e2e["stolen_cores"])
                     record["ceiling_gap_ms"] = gap
+                    record["ratio_on_cores_left"] = ratio_on_cores_left(gap)
                     print(ceiling_gap_line(gap), flush=True)
                 record["stages_after"] = stages_again(args, cfg, ceiling, achieved, on_gpu)
             for what, unit, key in (("learner step", "the training thread", "learner_step_ms"),
@@ -841,7 +871,7 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
                     print(split_line(what, unit, e2e[key]), flush=True)
             print_inference_passes(e2e["inference_passes"])
             print(f"CPU by service over {e2e['seconds']:.0f} s of that window:", flush=True)
-            for row in cpu_table(*e2e["cpu"], e2e["seconds"], achieved, args.cores):
+            for row in cpu_table(*e2e["cpu"], e2e["seconds"], achieved, args.cores, e2e["stolen_cores"]):
                 print(row, flush=True)
             for row in e2e["profile"]:
                 print(row, flush=True)

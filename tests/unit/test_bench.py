@@ -74,10 +74,14 @@ def test_cpu_table_splits_the_window_by_service_and_agent_step():
     assert rows[3].split() == ["replay_svc", "0.06", "0.060"]
     assert rows[-2].split() == ["all", "services", "1.86", "1.860"]
     assert rows[-1].split()[:2] == ["idle", "0.14"]
+    # the hypervisor took 0.1 of a core: no service is charged it, and it is not idle either
+    rows = cpu_table(start, end, seconds=10.0, agent_steps_per_s=1000.0, cores=2, stolen=0.1)
+    assert rows[-2].split()[:5] == ["taken", "by", "the", "hypervisor", "0.10"]
+    assert rows[-1].split()[:2] == ["idle", "0.04"]
 
 
 def test_ceiling_gap_parts_sum_to_the_windows_cpu_and_give_the_ratio():
-    from bench.cpu_use import ceiling_gap, ceiling_gap_line
+    from bench.cpu_use import ceiling_gap, ceiling_gap_line, ratio_on_cores_left
     from bench.throughput import ceiling_rate
     # stages alone: games 4,000 agent steps/s a core, inference 4,000 samples/s, learner 10,000 samples/s, ratio 2
     env, inference, learner, ratio = 4000.0, 4000.0, 10000.0, 2.0
@@ -88,12 +92,24 @@ def test_ceiling_gap_parts_sum_to_the_windows_cpu_and_give_the_ratio():
     gap = ceiling_gap(used, cores=2, agent_steps_per_s=2000.0, acting_ms=acting_ms, learning_ms=learning_ms)
     by_hand = {"games and inference alone": 0.5, "learner alone": 0.2, "actors over their stages alone": 0.1,
                "learner over its stage alone": 0.05, "evaluator": 0.1, "replay": 0.03, "other services": 0.01,
-               "idle cores": 0.01}
+               "taken by the hypervisor": 0.0, "idle cores": 0.01}
     assert gap == pytest.approx(by_hand)
     assert sum(gap.values()) == pytest.approx(2 / 2000.0 * 1e3)     # cores / agent steps/s, in ms
     assert 2000.0 / ceiling == pytest.approx(0.7)                   # the ratio the line reports
     assert "= 0.700 / 1.000 ms of CPU an agent step = 0.70" in ceiling_gap_line(gap)
     assert "evaluator +0.100" in ceiling_gap_line(gap)
+    assert "hypervisor left" not in ceiling_gap_line(gap)
+    # the hypervisor took 0.01 of the two cores (the idle share's worth here): the same ratio, its part named,
+    # and the ratio on the cores it left: 0.7 / (1.0 - 0.005)
+    gap = ceiling_gap(used, cores=2, agent_steps_per_s=2000.0, acting_ms=acting_ms, learning_ms=learning_ms,
+                      stolen=0.01)
+    assert gap == pytest.approx(by_hand | {"taken by the hypervisor": 0.005, "idle cores": 0.005})
+    assert sum(gap.values()) == pytest.approx(1.0)
+    assert ratio_on_cores_left(gap) == pytest.approx(0.7 / 0.995)
+    assert "on the cores the hypervisor left, 0.70" in ceiling_gap_line(gap)
+    # records before session 66 have no steal part
+    old = {part: ms for part, ms in by_hand.items() if part != "taken by the hypervisor"}
+    assert ratio_on_cores_left(old) == pytest.approx(0.7)
 
 
 def test_service_cpu_seconds_counts_a_busy_child_under_its_service_name():
@@ -247,6 +263,47 @@ def test_a_launcher_left_by_a_failed_window_is_stopped_as_ctrl_c_stops_it_then_k
     assert proc.returncode == (3 if handles_ctrl_c else -9)
     assert time.monotonic() - start < 10
     stop_launcher(proc)   # one that has ended already is left as it is
+
+
+def test_the_warm_up_waits_for_every_service_to_answer_and_gives_up_on_a_launcher_that_ends(tmp_path):
+    import time
+
+    from bench.system import NotUp, _wait_until_up
+    from tests.support import endpoint_overrides
+
+    # fresh ports nobody listens on: the services of a launcher still starting
+    endpoints = load_config("catch", endpoint_overrides(tmp_path)).endpoints
+    starting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start = time.monotonic()
+        with pytest.raises(NotUp, match=r"actor 0.*learner.*after 2 s"):
+            _wait_until_up(starting, tmp_path, endpoints, actors=1, remote=False, limit=2.0)
+        assert 2.0 <= time.monotonic() - start < 15.0
+    finally:
+        starting.kill()
+        starting.wait()
+    ended = subprocess.Popen([sys.executable, "-c", "raise SystemExit(4)"])
+    ended.wait()
+    with pytest.raises(RuntimeError, match="exited with 4 while its services started"):
+        _wait_until_up(ended, tmp_path, endpoints, actors=1, remote=False, limit=60.0)
+
+
+def test_a_benchmark_that_fails_late_keeps_what_it_measured(tmp_path, monkeypatch):
+    import json
+
+    import bench.throughput
+
+    def stages_then_fail(args, cfg, record):   # the stages measured, then the first end-to-end window fails
+        record["stages"] = _record()["stages"]
+        raise RuntimeError("an actor did not answer")
+
+    monkeypatch.setattr(bench.throughput, "stages", stages_then_fail)
+    monkeypatch.setattr(sys, "argv", ["bench.throughput", "--preset", "catch", "--out", str(tmp_path / "out")])
+    with pytest.raises(RuntimeError, match="did not answer"):
+        bench.throughput.main()
+    kept = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert kept["stages"] == _record()["stages"] and kept["preset"] == "catch"
+    assert (tmp_path / "out" / "bench.png").exists()
 
 
 def test_the_learner_step_split_is_each_parts_seconds_per_step_in_the_window():
@@ -428,11 +485,13 @@ def test_records_compare_side_by_side_by_their_main_run(tmp_path):
                                                        "settings": ["actor.inference=remote"]}))
     header, a, b = compare([tmp_path / "a", tmp_path / "b" / "7.json"])
     assert header.split()[:2] == ["run", "frames/s"]
-    # a: its 2-actor run, ratio, 3.00 steps/s, no learner bound recorded, 25% held, 0% waited, no GPU,
-    # (0.7 + 0.9) / 1750 s = 0.914 ms
-    assert a.split()[-8:] == ["7,000", "0.78", "3.00", "-", "25%", "0%", "-", "0.914"]
+    # a: its 2-actor run, ratio, 3.00 steps/s, no learner bound recorded, 25% held, 0% waited, no steal time
+    # recorded (before session 66), no GPU, (0.7 + 0.9) / 1750 s = 0.914 ms
+    assert a.split()[-9:] == ["7,000", "0.78", "3.00", "-", "25%", "0%", "-", "-", "0.914"]
     assert b.startswith("b/7: ") and "actor.inference=remote" in b
-    assert b.split()[-8:-4] == ["5,000", "0.78", "2.00", "4,800"]
+    assert b.split()[-9:-5] == ["5,000", "0.78", "2.00", "4,800"]
+    (tmp_path / "d.json").write_text(json.dumps({**record, "stolen_cores": 0.14}))
+    assert compare([tmp_path / "d.json"])[1].split()[-3] == "0.14"
     # drawn side by side too, a record without the step's and the loop's parts (a) beside one with them (c)
     (tmp_path / "c.json").write_text(json.dumps({**record, "learner_step_ms": {"device_wait": 80.0, "batch": 5.0},
                                                  "actor_loop_ms": {"games": 20.0, "inference": 7.0}}))

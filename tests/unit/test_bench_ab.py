@@ -1,5 +1,6 @@
 """bench.ab: arms parsed as --set takes them, windows in turn, and the comparison a drifting host cannot fake."""
 
+import math
 import sys
 
 import pytest
@@ -100,12 +101,22 @@ def test_a_stage_block_counts_the_steps_cpu_after_one_to_warm_up():
 def test_a_window_counts_cpu_per_agent_step_by_service():
     e2e = {"frames_per_s": 8000.0, "seconds": 10.0, "actor_loop_ms": {"games": 9.0, "inference": 3.5},
            "cpu": ({"actor_svc 0": 1.0, "actor_svc eval": 0.0, "learner_svc": 2.0, "replay_svc": 0.0},
-                   {"actor_svc 0": 11.0, "actor_svc eval": 1.0, "learner_svc": 10.0, "replay_svc": 0.5})}
+                   {"actor_svc 0": 11.0, "actor_svc eval": 1.0, "learner_svc": 10.0, "replay_svc": 0.5}),
+           "stolen_cores": 0.1}
     w = window_figures(e2e, frames_per_step=4)   # 2,000 agent steps/s: a core is 0.5 ms an agent step
     assert w["actors_ms_per_agent_step"] == pytest.approx(0.5)
     assert w["learner_ms_per_agent_step"] == pytest.approx(0.4)
     assert w["cpu_ms_per_agent_step"] == pytest.approx(0.5 + 0.05 + 0.4 + 0.025)
     assert w["inference_ms_per_loop"] == 3.5
+    assert w["stolen_cores"] == 0.1
+
+
+def test_a_figure_the_first_arm_never_had_compares_as_nan_not_a_crash():
+    # bare metal: no steal time in any window, so no ratio of means for it
+    windows = [{**w, "stolen_cores": 0.0} for w in _windows(gain=1.05, drift=0.0)]
+    on = summarise(["off", "on"], windows, tuple(SYSTEM_FIGURES))["arms"]["on"]
+    assert on["ratio_of_means"]["frames_per_s"] == pytest.approx(1.05)
+    assert math.isnan(on["ratio_of_means"]["stolen_cores"])
 
 
 @pytest.mark.parametrize("argv, says", [
