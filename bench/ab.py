@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "cancels (default 2 for the system, 8 for a stage)")
     parser.add_argument("--seconds", type=float, default=120.0, help="each window's length (--stage system)")
     parser.add_argument("--warmup", type=float, default=30.0,
-                        help="seconds discarded at each window's start (--stage system)")
+                        help="seconds of the running system discarded before each window, from when every service "
+                             "answers at its metrics port (--stage system)")
     parser.add_argument("--block-seconds", type=float, default=2.0, help="CPU seconds of each block (a stage)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="settings every arm shares")

@@ -32,6 +32,8 @@ from bench.cpu_use import BEYOND, CHARGED, SHOWN_CORES
 from bench.system import ACTOR_PARTS
 from learner_svc.step_time import PARTS
 
+HATCHES = {"idle cores": "//", "taken by the hypervisor": "xx"}   # the parts of the cores no service spent
+
 # the order the parts happen in, bottom up in the pictures (records keep their keys sorted)
 PART_ORDER = (*PARTS, *ACTOR_PARTS, "the rest")
 
@@ -121,16 +123,20 @@ def _cores(record: dict, ax) -> None:
         if cores >= SHOWN_CORES:   # as bench.cpu_use's table
             ax.bar(0, cores, bottom=bottom, label=f"{name}: {cores:.2f} cores, {cores / steps * 1e3:.3f} ms a step")
         bottom += cores
+    used = bottom
+    stolen = record.get("stolen_cores", 0.0)   # records before session 66 have no steal time
+    if stolen >= SHOWN_CORES:
+        ax.bar(0, stolen, bottom=bottom, color="white", edgecolor="#9e9e9e", hatch=HATCHES["taken by the hypervisor"],
+               label=f"taken by the hypervisor: {stolen:.2f} cores")
+        bottom += stolen
     idle = max(record["cores"] - bottom, 0.0)
-    ax.bar(0, idle, bottom=bottom, color="white", edgecolor="#9e9e9e", hatch="//", label=f"idle: {idle:.2f} cores")
+    ax.bar(0, idle, bottom=bottom, color="white", edgecolor="#9e9e9e", hatch=HATCHES["idle cores"],
+           label=f"idle: {idle:.2f} cores")
     ax.set_xlim(-0.6, 2.4)
     ax.set_xticks([])
     ax.set_ylabel("cores busy in the end-to-end window")
-    ax.set_title(f"CPU by service: {bottom / steps * 1e3:.3f} ms an agent step in all", fontsize=10)
+    ax.set_title(f"CPU by service: {used / steps * 1e3:.3f} ms an agent step in all", fontsize=10)
     ax.legend(fontsize=7, loc="upper right")
-
-
-HATCHES = {"idle cores": "//", "taken by the hypervisor": "xx"}   # the parts no service spent
 
 
 def _ceiling_gap(record: dict, ax) -> None:

@@ -571,7 +571,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--stage-seconds", type=float, default=10.0, help="length of each stage measured alone")
     parser.add_argument("--seconds", type=float, default=120.0, help="end-to-end measuring window")
-    parser.add_argument("--warmup", type=float, default=30.0, help="end-to-end seconds discarded at the start")
+    parser.add_argument("--warmup", type=float, default=30.0,
+                        help="end-to-end seconds of the running system discarded before the window, from when every "
+                             "service answers at its metrics port")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--stages-only", action="store_true", help="measure the stages alone, not the whole system")
     parser.add_argument("--end-to-end-only", action="store_true",

@@ -461,6 +461,9 @@ def test_a_bench_record_is_written_as_json_and_drawn(tmp_path):
     after = record | {"stages_after": {"ceiling_frames_per_s": 8000.0, "ratio_to_mean_ceiling": 0.82}}
     assert [v for _, v in throughput_bars(after)] == [9000.0, 5000.0, 7000.0, 6000.0, 8000.0]
     assert write(after, tmp_path / "after")[1].exists()
+    # a window the hypervisor took cores from: drawn as a part of its own beside the idle cores
+    gap = record["ceiling_gap_ms"] | {"taken by the hypervisor": 0.1}
+    assert write(record | {"stolen_cores": 0.175, "ceiling_gap_ms": gap}, tmp_path / "stolen")[1].exists()
 
 
 def test_the_drift_line_reads_achieved_against_the_mean_of_the_ceilings_before_and_after_the_window():
