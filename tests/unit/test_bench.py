@@ -298,6 +298,9 @@ def test_a_benchmark_that_fails_late_keeps_what_it_measured(tmp_path, monkeypatc
         raise RuntimeError("an actor did not answer")
 
     monkeypatch.setattr(bench.throughput, "stages", stages_then_fail)
+    # main runs itself again (execve) with the services' environment where it lacks it: that would replace pytest
+    for name, value in bench.throughput.SERVICE_ENV_DEFAULTS.items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setattr(sys, "argv", ["bench.throughput", "--preset", "catch", "--out", str(tmp_path / "out")])
     with pytest.raises(RuntimeError, match="did not answer"):
         bench.throughput.main()
