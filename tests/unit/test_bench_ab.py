@@ -106,6 +106,7 @@ def test_a_window_counts_cpu_per_agent_step_by_service():
     w = window_figures(e2e, frames_per_step=4)   # 2,000 agent steps/s: a core is 0.5 ms an agent step
     assert w["actors_ms_per_agent_step"] == pytest.approx(0.5)
     assert w["learner_ms_per_agent_step"] == pytest.approx(0.4)
+    assert w["evaluator_ms_per_agent_step"] == pytest.approx(0.05)   # apart from the actors
     assert w["cpu_ms_per_agent_step"] == pytest.approx(0.5 + 0.05 + 0.4 + 0.025)
     assert w["inference_ms_per_loop"] == 3.5
     assert w["stolen_cores"] == 0.1
