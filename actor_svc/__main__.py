@@ -35,7 +35,6 @@ from lbc.service import (
     grpc_bind_address,
     grpc_server,
     listen_address,
-    lower_priority,
     set_serving,
     setup_logging,
     start_metrics,
@@ -239,7 +238,6 @@ def infer(cfg: Config, stop: threading.Event) -> int:
 
 def evaluate(cfg: Config, stop: threading.Event) -> int:
     """The evaluator as a service: health and metrics on its own endpoints around evaluator.run."""
-    lower_priority(cfg.eval.nice)   # before its server's and torch's threads start, so that they take it too
     server, health = grpc_server(listen_address(cfg.endpoints.eval_health, cfg.endpoints.bind_host), workers=2)
     server.start()
     start_metrics(cfg.endpoints.eval_metrics, cfg.endpoints.bind_host)

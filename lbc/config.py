@@ -357,9 +357,6 @@ class EvalConfig(_Section):
                             "sample for uncontrolled Boltzmann behaviours (IMPALA, dice-fixed), else greedy")
     epsilon: float = Field(0.01, ge=0.0, le=1.0, description="epsilon of the greedy evaluation policy")
     sticky_actions: bool = Field(False, description="Machado et al. 2018: repeat the last action with p 0.25")
-    nice: int = Field(10, ge=0, le=19, description="the evaluator's scheduling niceness: where the training services "
-                                                "fill the cores they come first and evaluations take what is left, "
-                                                "fewer of them per frame (decision 96); 0: as the services")
     seed: int = Field(1_000_003, description="seed of the evaluation games (apart from every actor's), applied at "
                                           "the first evaluation; later ones go on from the games' random "
                                           "numbers (decision 86)")

@@ -103,15 +103,6 @@ def stop_event() -> threading.Event:
     return event
 
 
-def lower_priority(niceness: int) -> None:
-    """Run every thread of this process, and every thread it starts later, at `niceness` (0-19): on a machine the
-    training services fill, the kernel then gives them the cores first. Linux keeps a niceness per thread and a
-    new thread takes its creator's, so each thread there now is set. A thread already nicer stays so: raising a
-    priority needs privileges a service does not have."""
-    for tid in map(int, os.listdir("/proc/self/task") if sys.platform.startswith("linux") else ["0"]):
-        os.setpriority(os.PRIO_PROCESS, tid, max(niceness, os.getpriority(os.PRIO_PROCESS, tid)))
-
-
 # Set by lbc.launch in its children's environment; absent on Kubernetes, where the kubelet owns processes.
 LAUNCHER_PID_VAR = "LBC_LAUNCHER_PID"
 _PR_SET_PDEATHSIG = 1

@@ -102,12 +102,11 @@ def test_short_pong_run(tmp_path):
     # end within 60,000 frames, which the bandit's returns need. An evaluation of 2 games instead of 8: on a
     # fast host the run reached its frames (12 s) before the evaluator finished 8 whole Pong games. The next batch
     # prepared in a thread of its own (learner.prepare_ahead, for a learner with a core to spare; `cpu` prepares in
-    # its one thread since decision 84): its one run through the real services. The evaluator at the services'
-    # priority (eval.nice=0): beside them on two cores at its default it may not finish its games in a run this short
+    # its one thread since decision 84): its one run through the real services
     proc, records, run_dir = _launch(tmp_path, "e2e-pong", "cpu", "pong", 100, "--until-frames", "60000",
                                      "--set", "learner.checkpoint_every=20", "--set", "learner.push_every=5",
                                      "--set", "env.num_envs=8", "--set", "eval.episodes=2", "--set", "eval.num_envs=2",
-                                     "--set", "eval.nice=0", "--set", "learner.prepare_ahead=true", timeout=240)
+                                     "--set", "learner.prepare_ahead=true", timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = records[-1]
     assert last["frames"] > 20_000

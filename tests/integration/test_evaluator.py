@@ -2,7 +2,6 @@
 and survives a learner restart."""
 
 import json
-import os
 
 import torch
 
@@ -14,10 +13,6 @@ from lbc.nets import build_agent
 from tests.support import Service, endpoint_overrides, metric, overrides_dict, resume_learner, wait_for, wait_healthy
 
 EVAL = ["eval.every_versions=1", "eval.episodes=6", "eval.num_envs=3", "learner.checkpoint_every=20"]
-
-
-def _threads(pid: int) -> list[int]:
-    return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
 
 
 def _records(run_dir) -> list[dict]:
@@ -38,12 +33,6 @@ def test_evaluator_plays_its_version_and_survives_a_learner_restart(tmp_path):
     try:
         wait_healthy(o["endpoints.eval_health"], "lbc.v1.Evaluator", timeout=60)
         wait_for(lambda: _records(run_dir), 60, "the first evaluation")
-        # the evaluator yields the cores to training (eval.nice, 10 by default): each of its threads, which it
-        # started after it lowered its priority as well as before; the training services keep their own
-        ours = os.getpriority(os.PRIO_PROCESS, 0)   # what the services inherit from this test
-        assert len(_threads(evaluator.proc.pid)) > 5
-        assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in _threads(evaluator.proc.pid)} == {max(ours, 10)}
-        assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in _threads(learner.proc.pid)} == {ours}
         first = _records(run_dir)[0]
         assert first["version"] == 0 and first["episodes"] == 6 and len(first["scores"]) == 6
         assert first["repeat_action_probability"] == 0.0 and first["sticky_actions"] is False
