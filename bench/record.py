@@ -126,17 +126,20 @@ def _cores(record: dict, ax) -> None:
     used = bottom
     stolen = record.get("stolen_cores", 0.0)   # records before session 66 have no steal time
     if stolen >= SHOWN_CORES:
-        ax.bar(0, stolen, bottom=bottom, color="white", edgecolor="#9e9e9e", hatch=HATCHES["taken by the hypervisor"],
-               label=f"taken by the hypervisor: {stolen:.2f} cores")
+        _unspent_bar(ax, "taken by the hypervisor", "taken by the hypervisor", stolen, bottom)
         bottom += stolen
-    idle = max(record["cores"] - bottom, 0.0)
-    ax.bar(0, idle, bottom=bottom, color="white", edgecolor="#9e9e9e", hatch=HATCHES["idle cores"],
-           label=f"idle: {idle:.2f} cores")
+    _unspent_bar(ax, "idle cores", "idle", max(record["cores"] - bottom, 0.0), bottom)
     ax.set_xlim(-0.6, 2.4)
     ax.set_xticks([])
     ax.set_ylabel("cores busy in the end-to-end window")
     ax.set_title(f"CPU by service: {used / steps * 1e3:.3f} ms an agent step in all", fontsize=10)
     ax.legend(fontsize=7, loc="upper right")
+
+
+def _unspent_bar(ax, part: str, label: str, cores: float, bottom: float) -> None:
+    """Cores no service spent, hatched as the same part of _ceiling_gap's bars."""
+    ax.bar(0, cores, bottom=bottom, color="white", edgecolor="#9e9e9e", hatch=HATCHES[part],
+           label=f"{label}: {cores:.2f} cores")
 
 
 def _ceiling_gap(record: dict, ax) -> None:
