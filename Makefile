@@ -66,7 +66,7 @@ $(PROTO_OUT): proto/lbcproto/lbc.proto $(STAMP)
 
 # The CPU learner's LayerNorm-LSTM unroll in C++ (lbc.native, decision 90): about 30 s of g++ on two cores. Where it
 # cannot be built the learner unrolls by TorchScript (the same equations, slower) and says so in its log.
-$(NATIVE): lbc/csrc/ln_lstm.cpp lbc/csrc/area_resize.cpp lbc/native.py $(STAMP)
+$(NATIVE): lbc/csrc/ln_lstm.cpp lbc/csrc/area_resize.cpp lbc/csrc/frame_stacks.cpp lbc/native.py $(STAMP)
 	$(PY) -m lbc.native || echo "lbc/liblbc_native.so not built: the CPU learner unrolls its LSTM by TorchScript" >&2
 
 run: bytecode

@@ -53,6 +53,7 @@ from bench.cpu_use import (
 )
 from bench.record import write as write_record
 from bench.system import GpuSampler, end_to_end
+from lbc import native
 from lbc.acting import CoreInputs, acting_agent, forward, frame_ring
 from lbc.agents import Acting, family_of, make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
@@ -389,15 +390,18 @@ def learner_operations(cfg: Config, batch_size: int = 2) -> int:
 def learner_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
     """The learner's levers against what the preset runs: batches prepared ahead or not, whichever it does not
     (a row read backwards where it does), and, where it keeps a target network's outputs (lbc.target_cache),
-    not keeping them (read backwards: what keeping them gives); where it reads frames in blocks or unrolls its LSTM
-    natively, not doing so. A lever the preset cannot use (a target cache without a target network) is no row: it
-    would measure the preset again."""
+    not keeping them (read backwards: what keeping them gives); where it reads frames in blocks, has lbc.native
+    write their stacks or unrolls its LSTM natively, not doing so. A lever the preset cannot use (a target cache
+    without a target network) is no row: it would measure the preset again."""
     ahead = cfg.learner.prepare_ahead
     levers = {f"batches {'not ' if ahead else ''}prepared ahead": ("learner", [f"learner.prepare_ahead={not ahead}"])}
     if cfg.learner.target_update_every > 0 and cfg.learner.target_cache:
         levers["target outputs not kept"] = ("learner", ["learner.target_cache=false"])
-    if reads_frame_blocks(cfg):
+    blocks = frame_blocks_read(cfg)
+    if blocks > 1:
         levers["frames not in blocks"] = ("learner", ["learner.frame_blocks=false"])
+    if blocks == native.STACK_BLOCK and cfg.learner.native_stacks and native.blocked_stacks_op() is not None:
+        levers["stacks by torch's passes"] = ("learner", ["learner.native_stacks=false"])
     if learner_unrolls_natively(cfg):
         levers["LSTM by TorchScript"] = ("learner", ["learner.native_unroll=false"])
     return levers
@@ -409,12 +413,12 @@ def learner_unrolls_natively(cfg: Config) -> bool:
                                                                                    "learner.device"))
 
 
-def reads_frame_blocks(cfg: Config) -> bool:
-    """Whether the preset's learner reads its frames in blocks (decisions 83, 92): set so, on a CPU, and a first
-    convolution that can."""
+def frame_blocks_read(cfg: Config) -> int:
+    """The side of the blocks the preset's learner reads its frames in (decisions 83, 92), 1 for none: blocks where
+    set so, on a CPU, and a first convolution that can."""
     spec = env_spec(cfg.env)
     net = build_net(cfg, spec.obs_shape, spec.num_actions).set_frame_blocks(cfg.learner.frame_blocks)
-    return net.blocks_on(pick_device(cfg.learner.device, "learner.device").type) > 1
+    return net.blocks_on(pick_device(cfg.learner.device, "learner.device").type)
 
 
 def actor_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:

@@ -3,7 +3,9 @@
   unroll_forward and unroll_backward with each step's elementwise work in one pass over each row, where TorchScript
   runs a dozen small kernels a step;
 - the area resize of ALE's screens (lbc/csrc/area_resize.cpp, decision 94): OpenCV's INTER_AREA to the bit, for
-  lbc.screens.
+  lbc.screens;
+- a CPU learner's frame stacks in 4x4 blocks written in one pass (lbc/csrc/frame_stacks.cpp, decision 97), for
+  lbc.nets.
 
 `make install` builds it (`python -m lbc.native`: g++ against the installed torch's headers and libraries) into
 the package, beside this file. A learner on a CPU loads it (learner.native_unroll) and unrolls by TorchScript
@@ -39,10 +41,12 @@ COMMON_FLAGS = ["-O3", "-march=x86-64-v3", "-fPIC", "-std=c++20"]
 SOURCES = {
     "ln_lstm.cpp": ["-ffast-math", "-fopenmp-simd"],
     "area_resize.cpp": ["-fno-fast-math", "-ffp-contract=off"],
+    "frame_stacks.cpp": [],
 }
 CPU_CAPABILITIES = ("AVX2", "AVX512")   # torch.backends.cpu.get_cpu_capability() on a CPU the build runs on
 
 Op = Callable[..., list[torch.Tensor]]
+STACK_BLOCK = 4   # the side of the blocks frame_stacks.cpp writes
 
 
 def build() -> None:
@@ -108,6 +112,16 @@ def area_resize_op() -> Op | None:
     return torch.ops.lbc_native.area_resize
 
 
+@functools.cache
+def blocked_stacks_op() -> Op | None:
+    """The blocked frame stacks' operator (lbc.nets), or None where it cannot run here, logged once."""
+    problem = load()
+    if problem is not None:
+        log.warning("a CPU learner's frame stacks are written by torch's passes: %s", problem)
+        return None
+    return torch.ops.lbc_native.blocked_stacks
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lbc.native", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         build()
         print(f"built {LIBRARY}")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    ok = ln_lstm_ops() is not None and area_resize_op() is not None
-    print(f"native unroll and area resize {'load' if ok else 'unavailable'} here")
+    ok = ln_lstm_ops() is not None and area_resize_op() is not None and blocked_stacks_op() is not None
+    print(f"native unroll, area resize and frame stacks {'load' if ok else 'unavailable'} here")
     return 0 if ok or not args.check else 1
 
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lbc import native
 from lbc.blocked_conv import StridedConv2d, block_size
 from lbc.family import family_traits
 from lbc.frame_stacks import observations, stack_keep
@@ -136,7 +137,8 @@ def _centred_in_bfloat16(medians: torch.Tensor | None, dtype: torch.dtype) -> bo
 
 
 def read_frame_sequences(frames: torch.Tensor, stack_start: torch.Tensor, centre: bool, by_sort: bool = False,
-                         memory_format: torch.memory_format = torch.contiguous_format, blocks: int = 1) -> Frames:
+                         memory_format: torch.memory_format = torch.contiguous_format, blocks: int = 1,
+                         native_stacks: bool = False) -> Frames:
     """A time-major batch's single frames (lbc.sequences: frames [T + S - 1, B, H, W] uint8, stack_start [T, B])
     read as Frames [T, B, S, H, W] of the stacks they stand for, the same values and layout as
     read_frames(stacked_frames(...)) gives:
@@ -148,7 +150,8 @@ def read_frame_sequences(frames: torch.Tensor, stack_start: torch.Tensor, centre
     over S times the frames (a channels-last copy of the uint8 stacks, per-stack medians and a subtraction in
     that layout) cost 20-47 ms a batch of 496-672 observations on one core (docs/speed.md, decision 66).
 
-    With `blocks` k > 1, Frames in k x k blocks (channels-last whatever `memory_format`; _blocked_stacks)."""
+    With `blocks` k > 1, Frames in k x k blocks (channels-last whatever `memory_format`; _blocked_stacks), written by
+    lbc.native's one pass where `native_stacks` and it can (native_blocked_stacks)."""
     steps = stack_start.shape[0]
     stack = frames.shape[0] - steps + 1
     keep = stack_keep(stack_start.transpose(0, 1), stack).transpose(0, 1)   # [T, B, S]
@@ -156,7 +159,9 @@ def read_frame_sequences(frames: torch.Tensor, stack_start: torch.Tensor, centre
     medians = frame_medians(frames, by_sort) if centre else None
     dtype = pixel_dtype(frames.device.type)
     if blocks > 1:
-        return Frames(_blocked_stacks(frames, keep, medians, blocks, dtype), None, blocks)
+        natively = native_stacks and _native_stacks_can(frames, blocks, dtype)
+        writer = native_blocked_stacks if natively else _blocked_stacks
+        return Frames(writer(frames, keep, medians, blocks, dtype), None, blocks)
     if frames.device.type == "cpu" and not _centred_in_bfloat16(medians, dtype):
         return Frames(_uint8_stacks(frames, keep, memory_format).to(dtype), _stacked_medians(medians, keep))
     pixels, medians = _pixels(frames, medians)
@@ -219,6 +224,30 @@ def _blocked_stacks(frames: torch.Tensor, keep: torch.Tensor, medians: torch.Ten
     t, b, k = keep.logical_not().nonzero(as_tuple=True)
     out[t, b, :, :, k] = 0
     return out.view(steps, batch, h, w, stack * area).permute(0, 1, 4, 2, 3)
+
+
+def _native_stacks_can(frames: torch.Tensor, blocks: int, dtype: torch.dtype) -> bool:
+    """Whether native_blocked_stacks writes these stacks: 4 x 4 blocks of frames on a CPU, in float32 or bfloat16,
+    and lbc.native loads here."""
+    return (blocks == native.STACK_BLOCK and frames.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+            and native.blocked_stacks_op() is not None)
+
+
+def native_blocked_stacks(frames: torch.Tensor, keep: torch.Tensor, medians: torch.Tensor | None, blocks: int,
+                          dtype: torch.dtype) -> torch.Tensor:
+    """_blocked_stacks's stacks, the same values and layout, written by lbc.native (lbc/csrc/frame_stacks.cpp,
+    decision 97) in one pass from the frames: each block read, centred, converted and stored from registers, where
+    torch's passes write the frames in blocks, centred, converted and then stacked (a `cpu` batch 9-18 against 3-5 ms
+    on one core of the AMX host)."""
+    op = native.blocked_stacks_op()
+    if op is None or blocks != native.STACK_BLOCK:
+        raise RuntimeError("lbc.native's frame stacks cannot run here (_native_stacks_can)")
+    steps, batch, stack = keep.shape
+    n, _, height, width = frames.shape
+    out = torch.empty((steps, batch, height // blocks, width // blocks, stack, blocks * blocks), dtype=dtype)
+    centre = (torch.zeros((n, batch), dtype=torch.int32) if medians is None else medians.to(torch.int32)).contiguous()
+    op(frames.contiguous(), centre, keep.contiguous(), out)
+    return out.view(steps, batch, height // blocks, width // blocks, stack * blocks * blocks).permute(0, 1, 4, 2, 3)
 
 
 def centred_blocks(frames: torch.Tensor, medians: torch.Tensor | None, k: int) -> torch.Tensor:
@@ -710,6 +739,7 @@ class LBCNet(nn.Module):
         self.centre_frames = centre_frames
         self.median_by_sort = False   # lbc.export sets it (set_median_by_sort): ONNX has no median
         self.frame_blocks = 1   # the learner sets it (set_frame_blocks)
+        self.native_stacks = False   # and whether lbc.native writes the blocks' stacks
         if isinstance(self.torso, _ConvTorso):
             self.torso.convs[0].centre = centre_frames
         if init in TORSO_INITS:
@@ -729,11 +759,13 @@ class LBCNet(nn.Module):
             self.torso.convs.to(memory_format=self.torso.memory_format)
         return self
 
-    def set_frame_blocks(self, enabled: bool) -> LBCNet:
+    def set_frame_blocks(self, enabled: bool, native_stacks: bool = False) -> LBCNet:
         """Read a batch's frames (sequence_input) in blocks of the first convolution's stride where that convolution
         can (FrameConv2d.block_size) and runs on a CPU: in bfloat16 (decision 83) the first convolution's weight
-        gradient in half the CPU; in float32 on an AVX2 host (decision 92) its forwards in 0.7 of it."""
+        gradient in half the CPU; in float32 on an AVX2 host (decision 92) its forwards in 0.7 of it. With
+        `native_stacks`, their stacks written by lbc.native where it can (decision 97: the same values)."""
         self.frame_blocks = self.input_blocks() if enabled else 1
+        self.native_stacks = native_stacks
         return self
 
     def blocks_on(self, device: str) -> int:
@@ -770,7 +802,8 @@ class LBCNet(nn.Module):
         batch's single frames where it carries them and the torso convolves (read_frame_sequences)."""
         if "frames" in b and isinstance(self.torso, _ConvTorso):
             return read_frame_sequences(b["frames"], b["stack_start"], self.centre_frames, self.median_by_sort,
-                                        self.torso.memory_format, self.blocks_on(b["frames"].device.type))
+                                        self.torso.memory_format, self.blocks_on(b["frames"].device.type),
+                                        self.native_stacks)
         return self.torso_input(observations(b))
 
     def torso_dead_units(self, frames: torch.Tensor) -> dict[str, float]:

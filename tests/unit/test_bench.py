@@ -330,6 +330,7 @@ def test_the_learner_levers_measure_what_the_preset_does_not_run():
     # `cpu` keeps its target network's outputs (that row reads backwards) and prepares each batch in its step
     scripted = "learner.native_unroll=false"
     plain = "learner.frame_blocks=false"
+    torchs = "learner.native_stacks=false"
     assert learner_levers(load_config("cpu", ["learner.precision=fp32", scripted, plain])) == {
         "batches prepared ahead": ("learner", ["learner.prepare_ahead=True"]),
         "target outputs not kept": ("learner", ["learner.target_cache=false"])}
@@ -354,6 +355,13 @@ def test_the_learner_levers_measure_what_the_preset_does_not_run():
                                                                             "learner.frame_blocks=false"]))
     assert "frames not in blocks" not in learner_levers(load_config("cpu", ["learner.precision=bf16",
                                                                             "net.torso=deep"]))
+    # where lbc.native writes the blocks' stacks (decision 97), torch's passes, read backwards; not where the frames
+    # are not in blocks (a row would measure the preset again) or the preset has torch write them already
+    for precision in ("bf16", "fp32"):
+        assert learner_levers(load_config("cpu", [f"learner.precision={precision}"]))["stacks by torch's passes"] == (
+            "learner", [torchs])
+    for settings in ([plain], [torchs], ["net.torso=deep"]):
+        assert "stacks by torch's passes" not in learner_levers(load_config("cpu", settings))
 
 
 def test_the_actor_lever_measures_the_stacks_read_whole_where_a_frame_ring_reads_them():

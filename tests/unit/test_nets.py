@@ -400,6 +400,81 @@ def test_frames_read_in_blocks_are_the_stacks_read_rearranged(centre):
         read_frame_sequences(frames.transpose(0, 1)[..., :82, :82], starts, centre, blocks=4)
 
 
+def _native_stacks_here() -> None:
+    """make install builds lbc.native (decision 97): a test fails where it is missing, and is skipped only on a CPU
+    the build does not target."""
+    from lbc import native
+    problem = native.unavailable()
+    if problem is not None and "AVX2" in problem:
+        pytest.skip(problem)
+    assert problem is None and native.blocked_stacks_op() is not None, problem
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_native_blocked_stacks_are_torchs_to_the_bit(dtype):
+    """Decision 97: lbc.native's one pass writes _blocked_stacks's stacks exactly, in the same layout: every centred
+    value from -255 to 255 (frames of 0 and 255 against medians of 255 and 0), stacks of 1, 2 and 4 frames, stacks
+    started afresh anywhere (their older frames zeros), frames as the batch holds them (a transposed view), sides
+    other than 84; with the frames not centred too. Shapes it cannot take are refused with the reason."""
+    from lbc.nets import _blocked_stacks, native_blocked_stacks
+    _native_stacks_here()
+    torch.manual_seed(0)
+    for steps, batch, stack, height, width in ((7, 3, 4, 84, 84), (5, 2, 2, 12, 8), (4, 5, 1, 84, 84)):
+        frames = torch.randint(0, 256, (batch, steps + stack - 1, height, width), dtype=torch.uint8)
+        frames[0, :, :4] = 0
+        frames[1, :, :4] = 255
+        time_major = frames.transpose(0, 1)
+        medians = torch.randint(0, 256, (steps + stack - 1, batch), dtype=torch.uint8)
+        medians[:, 0], medians[:, 1] = 255, 0
+        keep = torch.rand(steps, batch, stack) > 0.3
+        for centre in (medians, None):
+            want = _blocked_stacks(time_major, keep, centre, 4, dtype)
+            got = native_blocked_stacks(time_major, keep, centre, 4, dtype)
+            assert got.dtype == dtype and got.shape == want.shape == (steps, batch, stack * 16, height // 4, width // 4)
+            assert got.stride() == want.stride()
+            assert torch.equal(got, want), (steps, stack, centre is None)
+    extremes = native_blocked_stacks(time_major, torch.ones_like(keep), medians, 4, dtype).float()
+    assert extremes.min() == -255 and extremes.max() == 255
+    with pytest.raises(RuntimeError, match="frames .T \\+ S - 1, B, H, W. for keep"):
+        native_blocked_stacks(time_major[1:], keep, medians[1:], 4, dtype)
+    with pytest.raises(RuntimeError, match="cannot run here"):
+        native_blocked_stacks(time_major, keep, medians, 2, dtype)
+
+
+def test_the_learners_read_by_native_stacks_is_torchs(monkeypatch):
+    """read_frame_sequences with native_stacks (the learner's setting, learner.native_stacks) reads the same Frames
+    as without, in bfloat16 and float32, by lbc.native's pass; where lbc.native cannot write them (blocks of 2, or
+    the library not loaded) it reads them by torch's passes."""
+    from lbc import native, nets
+    _native_stacks_here()
+    torch.manual_seed(0)
+    frames = torch.randint(0, 256, (10, 3, 84, 84), dtype=torch.uint8)
+    starts = torch.zeros(7, 3, dtype=torch.bool)
+    starts[0, 0] = starts[4, 1] = True
+    writers = []
+    monkeypatch.setattr(nets, "native_blocked_stacks", _recorded(nets.native_blocked_stacks, writers, "native"))
+    monkeypatch.setattr(nets, "_blocked_stacks", _recorded(nets._blocked_stacks, writers, "torch"))
+    for bf16 in (False, True):
+        for centre in (False, True):
+            with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+                plain = nets.read_frame_sequences(frames, starts, centre, blocks=4)
+                got = nets.read_frame_sequences(frames, starts, centre, blocks=4, native_stacks=True)
+            assert got.blocks == 4 and torch.equal(got.pixels, plain.pixels) and got.medians is plain.medians is None
+    assert writers == ["torch", "native"] * 4
+    writers.clear()
+    nets.read_frame_sequences(frames, starts, True, blocks=2, native_stacks=True)
+    monkeypatch.setattr(native, "blocked_stacks_op", lambda: None)
+    fallback = nets.read_frame_sequences(frames, starts, True, blocks=4, native_stacks=True)
+    assert writers == ["torch", "torch"] and torch.equal(fallback.pixels, got.pixels.float())
+
+
+def _recorded(write, writers: list, name: str):
+    def recorded(*args):
+        writers.append(name)
+        return write(*args)
+    return recorded
+
+
 @pytest.mark.parametrize("centre", [False, True])
 def test_a_first_convolution_over_frames_in_blocks_is_the_strided_convolution(centre):
     """FrameConv2d over frames in blocks of its stride (decision 83) is a stride-1 convolution of its weight in
