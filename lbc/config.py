@@ -240,7 +240,7 @@ class LearnerConfig(_Section):
                                "convolution's stride where that convolution can, and convolves them as a stride-1 "
                                "convolution (the same sums; decisions 83, 92)")
     native_stacks: bool = Field(True, description="a CPU learner's frame stacks in 4x4 blocks written by lbc.native's "
-                                "C++ in one pass (built by make install; the same values, decision 97), else by "
+                                "C++ in one pass (built by make install; the same values, decision 96), else by "
                                 "torch's passes")
     native_unroll: bool = Field(True, description="a CPU learner unrolls its LayerNorm-LSTM by lbc.native's C++ "
                                 "(built by make install; the same equations in one pass a row, decision 90), else by "

@@ -4,7 +4,7 @@
   runs a dozen small kernels a step;
 - the area resize of ALE's screens (lbc/csrc/area_resize.cpp, decision 94): OpenCV's INTER_AREA to the bit, for
   lbc.screens;
-- a CPU learner's frame stacks in 4x4 blocks written in one pass (lbc/csrc/frame_stacks.cpp, decision 97), for
+- a CPU learner's frame stacks in 4x4 blocks written in one pass (lbc/csrc/frame_stacks.cpp, decision 96), for
   lbc.nets.
 
 `make install` builds it (`python -m lbc.native`: g++ against the installed torch's headers and libraries) into

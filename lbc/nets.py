@@ -236,7 +236,7 @@ def _native_stacks_can(frames: torch.Tensor, blocks: int, dtype: torch.dtype) ->
 def native_blocked_stacks(frames: torch.Tensor, keep: torch.Tensor, medians: torch.Tensor | None, blocks: int,
                           dtype: torch.dtype) -> torch.Tensor:
     """_blocked_stacks's stacks, the same values and layout, written by lbc.native (lbc/csrc/frame_stacks.cpp,
-    decision 97) in one pass from the frames: each block read, centred, converted and stored from registers, where
+    decision 96) in one pass from the frames: each block read, centred, converted and stored from registers, where
     torch's passes write the frames in blocks, centred, converted and then stacked (a `cpu` batch 9-18 against 3-5 ms
     on one core of the AMX host)."""
     op = native.blocked_stacks_op()
@@ -763,7 +763,7 @@ class LBCNet(nn.Module):
         """Read a batch's frames (sequence_input) in blocks of the first convolution's stride where that convolution
         can (FrameConv2d.block_size) and runs on a CPU: in bfloat16 (decision 83) the first convolution's weight
         gradient in half the CPU; in float32 on an AVX2 host (decision 92) its forwards in 0.7 of it. With
-        `native_stacks`, their stacks written by lbc.native where it can (decision 97: the same values)."""
+        `native_stacks`, their stacks written by lbc.native where it can (decision 96: the same values)."""
         self.frame_blocks = self.input_blocks() if enabled else 1
         self.native_stacks = native_stacks
         return self

@@ -1,5 +1,5 @@
 // A CPU learner's frame stacks in 4x4 blocks (decision 83's layout), written in one pass from a batch's single uint8
-// frames (decision 97). lbc.nets._blocked_stacks builds the same stacks in four torch passes (the frames in blocks,
+// frames (decision 96). lbc.nets._blocked_stacks builds the same stacks in four torch passes (the frames in blocks,
 // centred in int16, converted, stacked: each a full pass over memory, the stack's the largest, 28 MB a `cpu` batch);
 // here each output block is read from its frame, centred, converted and stored while in registers. Plain stores, not
 // streaming ones: the first convolution reads the stacks next, and a `cpu` learner step took 4% longer when the

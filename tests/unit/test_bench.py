@@ -355,7 +355,7 @@ def test_the_learner_levers_measure_what_the_preset_does_not_run():
                                                                             "learner.frame_blocks=false"]))
     assert "frames not in blocks" not in learner_levers(load_config("cpu", ["learner.precision=bf16",
                                                                             "net.torso=deep"]))
-    # where lbc.native writes the blocks' stacks (decision 97), torch's passes, read backwards; not where the frames
+    # where lbc.native writes the blocks' stacks (decision 96), torch's passes, read backwards; not where the frames
     # are not in blocks (a row would measure the preset again) or the preset has torch write them already
     for precision in ("bf16", "fp32"):
         assert learner_levers(load_config("cpu", [f"learner.precision={precision}"]))["stacks by torch's passes"] == (

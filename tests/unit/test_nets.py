@@ -401,7 +401,7 @@ def test_frames_read_in_blocks_are_the_stacks_read_rearranged(centre):
 
 
 def _native_stacks_here() -> None:
-    """make install builds lbc.native (decision 97): a test fails where it is missing, and is skipped only on a CPU
+    """make install builds lbc.native (decision 96): a test fails where it is missing, and is skipped only on a CPU
     the build does not target."""
     from lbc import native
     problem = native.unavailable()
