@@ -91,35 +91,34 @@ def load() -> str | None:
     return problem
 
 
+def _loaded_op(name: str, instead: str) -> Op | None:
+    """The operator torch.ops.lbc_native.`name`, or None where the library cannot run here, logging why and what runs
+    `instead` (each caller's cache makes that once)."""
+    problem = load()
+    if problem is not None:
+        log.warning("%s: %s", instead, problem)
+        return None
+    return getattr(torch.ops.lbc_native, name)
+
+
 @functools.cache
 def ln_lstm_ops() -> tuple[Op, Op] | None:
     """(forward, backward): the unroll's two operators (torch.ops.lbc_native), or None where they cannot run here,
     logged once."""
-    problem = load()
-    if problem is not None:
-        log.warning("the LayerNorm-LSTM unrolls by TorchScript: %s", problem)
-        return None
-    return torch.ops.lbc_native.ln_lstm_forward, torch.ops.lbc_native.ln_lstm_backward
+    forward = _loaded_op("ln_lstm_forward", "the LayerNorm-LSTM unrolls by TorchScript")
+    return None if forward is None else (forward, torch.ops.lbc_native.ln_lstm_backward)
 
 
 @functools.cache
 def area_resize_op() -> Op | None:
     """The area resize's operator (lbc.screens), or None where it cannot run here, logged once."""
-    problem = load()
-    if problem is not None:
-        log.warning("Atari screens are resized by ALE's own code: %s", problem)
-        return None
-    return torch.ops.lbc_native.area_resize
+    return _loaded_op("area_resize", "Atari screens are resized by ALE's own code")
 
 
 @functools.cache
 def blocked_stacks_op() -> Op | None:
     """The blocked frame stacks' operator (lbc.nets), or None where it cannot run here, logged once."""
-    problem = load()
-    if problem is not None:
-        log.warning("a CPU learner's frame stacks are written by torch's passes: %s", problem)
-        return None
-    return torch.ops.lbc_native.blocked_stacks
+    return _loaded_op("blocked_stacks", "a CPU learner's frame stacks are written by torch's passes")
 
 
 def main(argv: list[str] | None = None) -> int:
