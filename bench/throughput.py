@@ -53,7 +53,6 @@ from bench.cpu_use import (
 )
 from bench.record import write as write_record
 from bench.system import GpuSampler, end_to_end
-from lbc import native
 from lbc.acting import CoreInputs, acting_agent, forward, frame_ring
 from lbc.agents import Acting, family_of, make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
@@ -61,7 +60,7 @@ from lbc.config import PRESETS, Config, load_config
 from lbc.devices import compute_precision, cpu_computes_bf16, pick_device, pinned
 from lbc.envs import env_spec, make_envs, resizes_natively
 from lbc.launch import SERVICE_ENV_DEFAULTS
-from lbc.nets import build_net, policy_net
+from lbc.nets import LBCNet, build_net, policy_net
 from lbc.psi import Psi
 from lbc.sequences import sequence_layout
 from learner_svc.training import Trainer, to_time_major, unrolls_natively
@@ -397,10 +396,10 @@ def learner_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
     levers = {f"batches {'not ' if ahead else ''}prepared ahead": ("learner", [f"learner.prepare_ahead={not ahead}"])}
     if cfg.learner.target_update_every > 0 and cfg.learner.target_cache:
         levers["target outputs not kept"] = ("learner", ["learner.target_cache=false"])
-    blocks = frame_blocks_read(cfg)
-    if blocks > 1:
+    net, device = learner_net(cfg), pick_device(cfg.learner.device, "learner.device").type
+    if net.blocks_on(device) > 1:
         levers["frames not in blocks"] = ("learner", ["learner.frame_blocks=false"])
-    if blocks == native.STACK_BLOCK and cfg.learner.native_stacks and native.blocked_stacks_op() is not None:
+    if net.writes_stacks_natively(device):
         levers["stacks by torch's passes"] = ("learner", ["learner.native_stacks=false"])
     if learner_unrolls_natively(cfg):
         levers["LSTM by TorchScript"] = ("learner", ["learner.native_unroll=false"])
@@ -413,12 +412,12 @@ def learner_unrolls_natively(cfg: Config) -> bool:
                                                                                    "learner.device"))
 
 
-def frame_blocks_read(cfg: Config) -> int:
-    """The side of the blocks the preset's learner reads its frames in (decisions 83, 92), 1 for none: blocks where
-    set so, on a CPU, and a first convolution that can."""
+def learner_net(cfg: Config) -> LBCNet:
+    """The preset's network set to read frames as its learner does (decisions 83, 92, 96): in blocks where set so
+    and its first convolution can, their stacks written by lbc.native where set so."""
     spec = env_spec(cfg.env)
-    net = build_net(cfg, spec.obs_shape, spec.num_actions).set_frame_blocks(cfg.learner.frame_blocks)
-    return net.blocks_on(pick_device(cfg.learner.device, "learner.device").type)
+    return build_net(cfg, spec.obs_shape, spec.num_actions).set_frame_blocks(cfg.learner.frame_blocks,
+                                                                              cfg.learner.native_stacks)
 
 
 def actor_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:

@@ -246,7 +246,9 @@ def native_blocked_stacks(frames: torch.Tensor, keep: torch.Tensor, medians: tor
     n, _, height, width = frames.shape
     out = torch.empty((steps, batch, height // blocks, width // blocks, stack, blocks * blocks), dtype=dtype)
     centre = (torch.zeros((n, batch), dtype=torch.int32) if medians is None else medians.to(torch.int32)).contiguous()
-    op(frames.contiguous(), centre, keep.contiguous(), out)
+    # the frames as the batch holds them (a time-major view: the kernel reads each frame where it lies)
+    frames = frames if frames.stride(-1) == 1 and frames.stride(-2) == width else frames.contiguous()
+    op(frames, centre, keep.contiguous(), out)
     return out.view(steps, batch, height // blocks, width // blocks, stack * blocks * blocks).permute(0, 1, 4, 2, 3)
 
 
@@ -767,6 +769,12 @@ class LBCNet(nn.Module):
         self.frame_blocks = self.input_blocks() if enabled else 1
         self.native_stacks = native_stacks
         return self
+
+    def writes_stacks_natively(self, device: str) -> bool:
+        """Whether sequence_input's stacks on `device` (a device type) are written by lbc.native (set_frame_blocks'
+        native_stacks, 4x4 blocks, the library loaded), for what the learner logs and bench.throughput's levers."""
+        return (self.native_stacks and self.blocks_on(device) == native.STACK_BLOCK
+                and native.blocked_stacks_op() is not None)
 
     def blocks_on(self, device: str) -> int:
         """The side of the blocks sequence_input reads a batch's frames in on `device` (a device type): the learner's

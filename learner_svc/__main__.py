@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 from prometheus_client import Counter, Gauge
 
-from lbc import native
 from lbc.config import Config
 from lbc.devices import limit_mps_share, pick_device, set_gpu_wait
 from lbc.files import remove_stale_temporaries
@@ -127,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("the LayerNorm-LSTM unrolls by lbc.native's C++ (learner.native_unroll)")
     blocks = trainer.model.blocks_on(trainer.device.type)
     if blocks > 1:
-        natively = trainer.model.native_stacks and blocks == native.STACK_BLOCK and native.blocked_stacks_op()
+        natively = trainer.model.writes_stacks_natively(trainer.device.type)
         log.info("frames read in %dx%d blocks, the first convolution a stride-1 one over them (learner.frame_blocks); "
                  "their stacks written by %s (learner.native_stacks)", blocks, blocks,
                  "lbc.native" if natively else "torch")

@@ -50,9 +50,9 @@ inline void store_block(at::BFloat16* dst, __m256i lo, __m256i hi) {
 }
 
 template <typename T>
-void stacks(const uint8_t* frames, const int32_t* medians, const bool* keep, T* out, int64_t steps, int64_t batch,
-            int64_t stack, int64_t height, int64_t width) {
-  const int64_t h = height / kBlock, w = width / kBlock, frame = height * width;
+void stacks(const uint8_t* frames, int64_t step_stride, int64_t batch_stride, const int32_t* medians, const bool* keep,
+            T* out, int64_t steps, int64_t batch, int64_t stack, int64_t height, int64_t width) {
+  const int64_t h = height / kBlock, w = width / kBlock;
   at::parallel_for(0, steps * batch, 1, [&](int64_t begin, int64_t end) {
     for (int64_t tb = begin; tb < end; ++tb) {
       const int64_t t = tb / batch, b = tb % batch;
@@ -60,7 +60,7 @@ void stacks(const uint8_t* frames, const int32_t* medians, const bool* keep, T* 
       __m256i median[kMaxStack];
       bool kept[kMaxStack];
       for (int64_t s = 0; s < stack; ++s) {
-        src[s] = frames + ((t + s) * batch + b) * frame;
+        src[s] = frames + (t + s) * step_stride + b * batch_stride;
         median[s] = _mm256_set1_epi32(medians[(t + s) * batch + b]);
         kept[s] = keep[tb * stack + s];
       }
@@ -79,8 +79,10 @@ void stacks(const uint8_t* frames, const int32_t* medians, const bool* keep, T* 
 }
 
 void blocked_stacks(const Tensor& frames, const Tensor& medians, const Tensor& keep, const Tensor& out) {
-  TORCH_CHECK(frames.scalar_type() == at::kByte && frames.dim() == 4 && frames.is_contiguous(),
-              "blocked_stacks: uint8 frames [T + S - 1, B, H, W], contiguous");
+  // the batch's frames as they come, time-major views of batch-major memory included: each frame contiguous
+  TORCH_CHECK(frames.scalar_type() == at::kByte && frames.dim() == 4 && frames.stride(3) == 1 &&
+                  frames.stride(2) == frames.size(3),
+              "blocked_stacks: uint8 frames [T + S - 1, B, H, W], each frame contiguous");
   TORCH_CHECK(keep.scalar_type() == at::kBool && keep.dim() == 3 && keep.is_contiguous(),
               "blocked_stacks: keep bool [T, B, S], contiguous");
   const int64_t steps = keep.size(0), batch = keep.size(1), stack = keep.size(2);
@@ -100,10 +102,11 @@ void blocked_stacks(const Tensor& frames, const Tensor& medians, const Tensor& k
   const int32_t* m = medians.data_ptr<int32_t>();
   const bool* k = keep.data_ptr<bool>();
   if (out.scalar_type() == at::kFloat) {
-    stacks(f, m, k, out.data_ptr<float>(), steps, batch, stack, height, width);
+    stacks(f, frames.stride(0), frames.stride(1), m, k, out.data_ptr<float>(), steps, batch, stack, height, width);
   } else {
     TORCH_CHECK(out.scalar_type() == at::kBFloat16, "blocked_stacks: out in float32 or bfloat16");
-    stacks(f, m, k, out.data_ptr<at::BFloat16>(), steps, batch, stack, height, width);
+    stacks(f, frames.stride(0), frames.stride(1), m, k, out.data_ptr<at::BFloat16>(), steps, batch, stack, height,
+           width);
   }
 }
 

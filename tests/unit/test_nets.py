@@ -412,7 +412,7 @@ def _native_stacks_here() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_native_blocked_stacks_are_torchs_to_the_bit(dtype):
-    """Decision 97: lbc.native's one pass writes _blocked_stacks's stacks exactly, in the same layout: every centred
+    """Decision 96: lbc.native's one pass writes _blocked_stacks's stacks exactly, in the same layout: every centred
     value from -255 to 255 (frames of 0 and 255 against medians of 255 and 0), stacks of 1, 2 and 4 frames, stacks
     started afresh anywhere (their older frames zeros), frames as the batch holds them (a transposed view), sides
     other than 84; with the frames not centred too. Shapes it cannot take are refused with the reason."""
