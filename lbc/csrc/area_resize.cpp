@@ -4,7 +4,7 @@
 // which adds an exact 0. The same float operations in the same order as OpenCV's loop: each product rounded, then
 // each sum; the build gives this file -ffp-contract=off so that no product and sum fuse. OpenCV's loop scatters
 // into a row of sums through a table, each term waiting on the last; here each output's terms sum in a register.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
 #include <immintrin.h>

@@ -10,8 +10,8 @@
 //
 // x - m is an integer in [-255, 255]: exact in float32, and in bfloat16 (8 significant bits), where the float's
 // upper half is that value, so cutting its lower half (all zeros) is the conversion torch's rounding makes.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
 #include <immintrin.h>

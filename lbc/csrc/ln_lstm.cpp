@@ -3,7 +3,10 @@
 // everything else in one pass over each row, where TorchScript runs a dozen small kernels a step. Float32 tensors,
 // but for the hidden weight, float32 or bfloat16 (the bf16 learner's); the products' inputs and results rounded to
 // its dtype as torch.mm rounds them. Built by `python -m lbc.native` (make install); loaded by lbc.native.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <cmath>
