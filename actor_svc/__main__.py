@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             if fields:
                 INTRINSIC_SECONDS.inc(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            out = step(obs if ring is None else ring.push(obs), inputs, acting.extra_inputs(fields))
+            extra = acting.extra_inputs(fields)   # also the cut episodes' values' (cut_episode_values)
+            out = step(obs if ring is None else ring.push(obs), inputs, extra)
             forward_seconds = time.perf_counter() - t0
             # the version that acted on x_t: remote inference knows it once it has answered
             version = network.version if network is not None else puller.version
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             ENV_SECONDS.inc(t2 - t1)
             # what the learner sees as an episode end: the game's, or also a life loss (env.episodic_life)
             boundary = result.done | result.life_lost if cfg.env.episodic_life else result.done
-            cut_values = cut_episode_values(step, result, action_np, out.state, acting.extra_inputs(fields))
+            cut_values = cut_episode_values(step, result, action_np, out.state, extra)
             builder.act(action_np, result.reward, boundary, mu.numpy(), acting.psi, result.truncated, cut_values)
 
             ep_return += result.reward

@@ -142,10 +142,10 @@ def intrinsic_cost(cfg: Config, fills: tuple[int, ...], steps: int = 50) -> dict
     reset = np.zeros(cfg.env.num_envs, bool)
     out = {}
     for fill in fills:
-        for memory in ngu.rewards.memories:   # an episode `fill` steps long so far
-            memory.reset()
-            for embedding in rng.normal(size=(min(fill, memory.capacity), memory.slots.shape[1])):
-                memory.add(embedding.astype(np.float32))
+        memories = ngu.rewards.memories   # every game's episode `fill` steps long so far
+        memories.reset(slice(None))
+        for _ in range(min(fill, memories.capacity)):
+            memories.add(rng.normal(size=memories.slots.shape[::2]))
         ngu.observe(obs, reset)
         start = time.perf_counter()
         for _ in range(steps):

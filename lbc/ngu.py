@@ -2,7 +2,7 @@
 
 - `mixture_family`: the N pairs (beta_j, gamma_j) of App. A.
 - The value rescaling h, its exact inverse and the transformed Retrace are in lbc.losses.
-- `EpisodicMemory`: Algorithm 1's k-nearest-neighbour pseudo-count over an episode's embeddings.
+- `EpisodicMemories`: Algorithm 1's k-nearest-neighbour pseudo-count over each environment's episode's embeddings.
 - `RunningMeanStd` and `lifelong_modulator`: RND's alpha_t = 1 + (err - mu_e) / sigma_e.
 - `intrinsic_reward`: eq. 1, r^i = r^episodic * min(max(alpha, 1), L).
 - `IntrinsicRewards`: one actor's r^i for its vector of environments.
@@ -45,59 +45,75 @@ def policy_index(actor: int, n: int) -> int:
     return actor % n
 
 
-class EpisodicMemory:
-    """Algorithm 1 over a ring buffer of embeddings, emptied at every episode start.
+class EpisodicMemories:
+    """Algorithm 1 over ring buffers of embeddings, one per environment of an actor, each emptied as its episode starts.
 
     r^episodic_t = 0 if s > s_m else 1 / s, with s = sqrt(sum_i K(d_i)) + c over the k nearest
     neighbours, K = eps / (max(d_i^2 / d_m^2 - xi, 0) + eps), and d_m^2 a running mean of the squared
-    k-nearest-neighbour distances kept across episodes. With fewer than k embeddings stored, the
+    k-nearest-neighbour distances kept across episodes (one per environment). With fewer than k embeddings stored, the
     missing neighbours count as infinitely far (K = 0); the first step of an episode, with an empty
     memory, gets 0 (docs/decisions.md 21).
 
     The squared distances are taken as ||m_i||^2 - 2 m_i . f + ||f||^2 (clamped at 0), each slot's squared norm kept
     when it is stored: one matrix-vector product over the memory rather than a [size, dim] difference: the distances and
     the k nearest 2.7x faster at 1,000 slots, 4.6x at 29,000 (decision 93); float rounding apart, the same distances.
+    Only that product and the k nearest are taken memory by memory (each memory's own length); the rest is taken for
+    every environment at once, in float64: 2-3x faster than a memory at a time for short episodes, where numpy's calls
+    cost more than their work (docs/speed.md, session 69).
     """
 
-    def __init__(self, capacity: int, dim: int, k: int = 10, kernel_eps: float = 1e-3, c: float = 1e-3,
+    def __init__(self, num: int, capacity: int, dim: int, k: int = 10, kernel_eps: float = 1e-3, c: float = 1e-3,
                  cluster_xi: float = 8e-3, max_similarity: float = 8.0) -> None:
         self.capacity, self.k = capacity, k
         self.kernel_eps, self.c, self.xi, self.s_max = kernel_eps, c, cluster_xi, max_similarity
-        self.slots = np.zeros((capacity, dim), np.float32)
-        self.sq_norms = np.zeros(capacity, np.float32)   # ||m_i||^2 of each slot
-        self.size = 0
-        self.next = 0
-        self.mean_sq_dist = 0.0
-        self.mean_count = 0
+        self.slots = np.zeros((num, capacity, dim), np.float32)
+        self.sq_norms = np.zeros((num, capacity), np.float32)   # ||m_i||^2 of each slot
+        self.sizes = np.zeros(num, np.int64)
+        self.next = np.zeros(num, np.int64)
+        self.mean_sq_dist = np.zeros(num)
+        self.mean_count = np.zeros(num, np.int64)
 
-    def reset(self) -> None:
-        self.size, self.next = 0, 0
+    def reset(self, which: np.ndarray) -> None:
+        """Empties the memories `which` selects (a mask or indices)."""
+        self.sizes[which] = 0
+        self.next[which] = 0
 
-    def reward(self, embedding: np.ndarray) -> float:
-        """Score f(x_t) against the memory (Alg. 1, steps 1-8), then store it."""
-        if self.size == 0:
-            self.add(embedding)
-            return 0.0
-        f = np.asarray(embedding, np.float32)
-        sq = self.sq_norms[: self.size] - 2.0 * (self.slots[: self.size] @ f) + float(f @ f)
-        np.maximum(sq, 0.0, out=sq)   # rounding can take a near-zero distance below 0
-        nearest = np.partition(sq, self.k - 1)[: self.k] if sq.shape[0] > self.k else sq
-        # running mean of all k-NN squared distances: the cumulative mean, updated by the batch at once
-        self.mean_count += nearest.shape[0]
-        self.mean_sq_dist += (float(nearest.sum()) - nearest.shape[0] * self.mean_sq_dist) / self.mean_count
-        normalised = nearest / max(self.mean_sq_dist, 1e-12)
-        clustered = np.maximum(normalised - self.xi, 0.0)
-        kernel = self.kernel_eps / (clustered + self.kernel_eps)
-        s = math.sqrt(float(kernel.sum())) + self.c
-        self.add(embedding)
-        return 0.0 if s > self.s_max else 1.0 / s
+    def rewards(self, embeddings: np.ndarray) -> np.ndarray:
+        """r^episodic [E] of f(x_t) [E, dim] against each memory (Alg. 1, steps 1-8), then stores them."""
+        f = np.asarray(embeddings, np.float32)
+        sq_f = np.einsum("ed,ed->e", f, f)
+        nearest = np.full((len(f), self.k), np.inf, np.float32)   # inf: a neighbour missing, K = 0
+        for e in np.flatnonzero(self.sizes):
+            size = self.sizes[e]
+            sq = self.sq_norms[e, :size] - 2.0 * (self.slots[e, :size] @ f[e])
+            sq += sq_f[e]
+            nearest[e, : min(size, self.k)] = np.partition(sq, self.k - 1)[: self.k] if size > self.k else sq
+        np.maximum(nearest, 0.0, out=nearest)   # rounding can take a near-zero distance below 0
+        found = np.isfinite(nearest)
+        count = found.sum(axis=1)
+        # running mean of all k-NN squared distances: the cumulative mean, updated by each step's neighbours at once
+        self.mean_count += count
+        scoring = count > 0
+        total = np.where(found, nearest, 0.0).sum(axis=1, dtype=np.float64)
+        self.mean_sq_dist[scoring] += (total - count * self.mean_sq_dist)[scoring] / self.mean_count[scoring]
+        normalised = nearest / np.maximum(self.mean_sq_dist, 1e-12)[:, None]
+        kernel = self.kernel_eps / (np.maximum(normalised - self.xi, 0.0) + self.kernel_eps)
+        s = np.sqrt(kernel.sum(axis=1)) + self.c
+        out = np.where(scoring & (s <= self.s_max), 1.0 / s, 0.0)
+        self._store(f, sq_f)
+        return out
 
-    def add(self, embedding: np.ndarray) -> None:
-        """Store an embedding without scoring it (the ring drops the oldest when full)."""
-        self.slots[self.next] = embedding
-        self.sq_norms[self.next] = self.slots[self.next] @ self.slots[self.next]
+    def add(self, embeddings: np.ndarray) -> None:
+        """Stores one embedding [E, dim] in each memory without scoring it (a full ring drops its oldest)."""
+        f = np.asarray(embeddings, np.float32)
+        self._store(f, np.einsum("ed,ed->e", f, f))
+
+    def _store(self, f: np.ndarray, sq_f: np.ndarray) -> None:
+        rows = np.arange(len(f))
+        self.slots[rows, self.next] = f
+        self.sq_norms[rows, self.next] = sq_f
         self.next = (self.next + 1) % self.capacity
-        self.size = min(self.size + 1, self.capacity)
+        self.sizes = np.minimum(self.sizes + 1, self.capacity)
 
 
 class RunningMeanStd:
@@ -146,18 +162,14 @@ class IntrinsicRewards:
     def __init__(self, num_envs: int, capacity: int, dim: int, k: int = 10, kernel_eps: float = 1e-3,
                  c: float = 1e-3, cluster_xi: float = 8e-3, max_similarity: float = 8.0,
                  max_modulation: float = 5.0) -> None:
-        self.memories = [EpisodicMemory(capacity, dim, k, kernel_eps, c, cluster_xi, max_similarity)
-                         for _ in range(num_envs)]
+        self.memories = EpisodicMemories(num_envs, capacity, dim, k, kernel_eps, c, cluster_xi, max_similarity)
         self.rnd_stats = RunningMeanStd()
         self.max_modulation = max_modulation
 
     def step(self, embeddings: np.ndarray, rnd_errors: np.ndarray, episode_start: np.ndarray) -> np.ndarray:
         """r^i_t [E] for x_t of every environment; episode_start [E] marks x_t as an episode's first."""
-        episodic = np.empty(len(self.memories))
-        for e, memory in enumerate(self.memories):
-            if episode_start[e]:
-                memory.reset()
-            episodic[e] = memory.reward(embeddings[e])
+        self.memories.reset(np.asarray(episode_start, bool))
+        episodic = self.memories.rewards(embeddings)
         self.rnd_stats.update(rnd_errors)
         return intrinsic_reward(episodic, lifelong_modulator(rnd_errors, self.rnd_stats), self.max_modulation)
 

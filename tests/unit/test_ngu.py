@@ -16,7 +16,7 @@ from lbc.losses import (
     value_rescale_inverse,
 )
 from lbc.ngu import (
-    EpisodicMemory,
+    EpisodicMemories,
     IntrinsicRewards,
     RunningMeanStd,
     actor_epsilons,
@@ -63,41 +63,49 @@ def test_h_inverse_is_the_exact_inverse() -> None:
     assert abs(float(printed) - 100.0) > 50
 
 
+def _one(memory: EpisodicMemories, embedding: list[float]) -> float:
+    """The reward of one embedding in a single memory."""
+    return float(memory.rewards(np.array([embedding], np.float32))[0])
+
+
 def test_episodic_reward_by_hand() -> None:
-    mem = EpisodicMemory(capacity=100, dim=1, k=10)
-    assert mem.reward(np.array([0.0], np.float32)) == 0.0          # empty memory: no evidence
+    mem = EpisodicMemories(1, capacity=100, dim=1, k=10)
+    assert _one(mem, [0.0]) == 0.0          # empty memory: no evidence
     # one neighbour at squared distance 1; d_m^2 = 1; d_n = 1 - xi; K = eps / (d_n + eps)
     k_v = 1e-3 / ((1.0 - 8e-3) + 1e-3)
-    assert mem.reward(np.array([1.0], np.float32)) == pytest.approx(1.0 / (math.sqrt(k_v) + 1e-3))
+    assert _one(mem, [1.0]) == pytest.approx(1.0 / (math.sqrt(k_v) + 1e-3))
     # query 0.5: neighbours at squared distances 0.25 and 0.25; running mean of (1, 0.25, 0.25) = 0.5
     d_n = np.maximum(np.array([0.25, 0.25]) / 0.5 - 8e-3, 0.0)
     s = math.sqrt(float((1e-3 / (d_n + 1e-3)).sum())) + 1e-3
-    assert mem.reward(np.array([0.5], np.float32)) == pytest.approx(1.0 / s)
+    assert _one(mem, [0.5]) == pytest.approx(1.0 / s)
 
 
 def test_identical_neighbours_cluster_and_the_similarity_cut_off() -> None:
-    mem = EpisodicMemory(capacity=100, dim=4, k=10)
-    e = np.ones(4, np.float32)
+    mem = EpisodicMemories(1, capacity=100, dim=4, k=10)
+    e = [1.0] * 4
     for _ in range(11):
-        mem.reward(e)
-    mem.mean_sq_dist = 1.0
+        _one(mem, e)
+    mem.mean_sq_dist[0] = 1.0
     # ten neighbours at distance 0: K = 1 each, s = sqrt(10) + c
-    assert mem.reward(e) == pytest.approx(1.0 / (math.sqrt(10) + 1e-3))
-    strict = EpisodicMemory(capacity=100, dim=4, k=10, max_similarity=2.0)
+    assert _one(mem, e) == pytest.approx(1.0 / (math.sqrt(10) + 1e-3))
+    strict = EpisodicMemories(1, capacity=100, dim=4, k=10, max_similarity=2.0)
     for _ in range(11):
-        strict.reward(e)
-    assert strict.reward(e) == 0.0
-    strict.reset()
-    assert strict.size == 0 and strict.reward(e) == 0.0
+        _one(strict, e)
+    assert _one(strict, e) == 0.0
+    strict.reset([0])
+    assert strict.sizes[0] == 0 and _one(strict, e) == 0.0
 
 
 def _episodic_rewards_by_loop(embeddings: np.ndarray, capacity: int, k: int, eps: float = 1e-3, c: float = 1e-3,
-                              xi: float = 8e-3, s_max: float = 8.0) -> list[float]:
-    """NGU Alg. 1 as a plain loop: each embedding scored against the last `capacity` before it, the squared
-    distances summed coordinate by coordinate in float64, then stored."""
+                              xi: float = 8e-3, s_max: float = 8.0, starts: np.ndarray | None = None) -> list[float]:
+    """NGU Alg. 1 as a plain loop over one environment's embeddings: each scored against the last `capacity` before
+    it since its episode's start (`starts`: where an episode starts, none by default), the squared distances summed
+    coordinate by coordinate in float64, then stored; the mean of the k-NN distances kept across episodes."""
     stored: list[np.ndarray] = []
     total, count, out = 0.0, 0, []
-    for f in embeddings.astype(np.float64):
+    for t, f in enumerate(embeddings.astype(np.float64)):
+        if starts is not None and starts[t]:
+            stored = []
         if not stored:
             out.append(0.0)
         else:
@@ -121,17 +129,41 @@ def test_episodic_rewards_match_a_plain_loop_over_the_memory() -> None:
     embeddings[40:50] = embeddings[30]          # ten repeats
     embeddings[60] = embeddings[61] = 100.0 * embeddings[59] / np.linalg.norm(embeddings[59])
     embeddings[70:] = embeddings[70:] * 1e-2 + 3.0   # close together far from the origin
-    mem = EpisodicMemory(capacity=25, dim=8, k=5)
-    got = [mem.reward(e) for e in embeddings]
+    mem = EpisodicMemories(1, capacity=25, dim=8, k=5)
+    got = [_one(mem, e) for e in embeddings]
     np.testing.assert_allclose(got, _episodic_rewards_by_loop(embeddings, capacity=25, k=5), rtol=2e-4, atol=1e-6)
     assert len(set(np.round(got, 6))) > 40   # the rewards vary, so the comparison can tell
 
 
+def test_memories_score_each_environment_as_its_own_loop() -> None:
+    """Several environments at once, each against Alg. 1's loop over its own embeddings: episodes
+    starting at different steps, so that the memories hold different numbers of embeddings (empty, fewer than k,
+    more than k, a full ring), and one environment whose episode starts every step."""
+    rng = np.random.default_rng(5)
+    steps, envs, capacity, k = 60, 5, 12, 4
+    embeddings = rng.standard_normal((steps, envs, 6)).astype(np.float32)
+    embeddings[20:30, 2] = embeddings[19, 2]    # repeats in one environment
+    starts = rng.random((steps, envs)) < 0.06
+    starts[0] = True
+    starts[:, 4] = True
+    mem = EpisodicMemories(envs, capacity=capacity, dim=6, k=k)
+    got = []
+    for t in range(steps):
+        mem.reset(starts[t])
+        got.append(mem.rewards(embeddings[t]))
+    got = np.array(got)
+    for e in range(envs):
+        expected = _episodic_rewards_by_loop(embeddings[:, e], capacity, k, starts=starts[:, e])
+        np.testing.assert_allclose(got[:, e], expected, rtol=2e-4, atol=1e-6, err_msg=f"environment {e}")
+    assert (got[:, 4] == 0).all() and len(set(np.round(got[:, :4].ravel(), 6))) > 100
+    assert np.ptp(mem.sizes[:4]) > 0   # the memories held different numbers of embeddings
+
+
 def test_memory_is_a_ring_buffer() -> None:
-    mem = EpisodicMemory(capacity=3, dim=1, k=2)
+    mem = EpisodicMemories(1, capacity=3, dim=1, k=2)
     for v in range(5):
-        mem.reward(np.array([float(v)], np.float32))
-    assert mem.size == 3 and sorted(mem.slots[:, 0].tolist()) == [2.0, 3.0, 4.0]
+        _one(mem, [float(v)])
+    assert mem.sizes[0] == 3 and sorted(mem.slots[0, :, 0].tolist()) == [2.0, 3.0, 4.0]
 
 
 def test_rnd_normalisation_and_clipping() -> None:
@@ -207,7 +239,7 @@ def test_intrinsic_rewards_keep_one_memory_per_environment_and_reset_it() -> Non
     # env 0: one neighbour at squared distance 25 = the running mean: d_n = 1, K = eps / (1 - xi + eps)
     k_v = 1e-3 / (1.0 - 8e-3 + 1e-3)
     assert second[0] == pytest.approx(1.0 / (math.sqrt(k_v) + 1e-3)) and second[1] == 0.0
-    assert len(rewards.memories[0].slots[: rewards.memories[0].size]) == 2 and rewards.memories[1].size == 1
+    assert rewards.memories.sizes.tolist() == [2, 1]
     # step 3, env 1: one neighbour ([5, 5]) at squared distance 32, its memory's first distance, so
     # d_n = 1 again; the errors so far [1, 1, 1, 1, 3, 3] give alpha = 1 + (3 - 5/3) / sqrt(8/9) for 3
     third = rewards.step(np.array([[0.0, 0.0], [1.0, 1.0]], np.float32), np.array([3.0, 3.0]), np.array([False, False]))
