@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         log.info("actor %s up: %d x %s, version %d, inference in %s%s", actor_id, num_envs, cfg.env.name,
                  puller.version, precision_of(net),
-                 "" if ring is None else f", the stacks kept in {ring.blocks}x{ring.blocks} blocks (actor.frame_ring)")
+                 "" if ring is None else f", the stacks kept in {ring.blocks}x{ring.blocks} blocks (actor.frame_ring) "
+                 f"pushed by {ring.pushed_by} (actor.native_ring)")
     try:   # Stopped: told to stop while the inference service had not answered
         obs = envs.reset()
         inputs = CoreInputs.start(net, num_envs)

@@ -422,12 +422,17 @@ def learner_net(cfg: Config) -> LBCNet:
 
 def actor_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
     """Where the preset's actors read their stacks through a frame ring (lbc.acting.frame_ring, decision 85), the
-    stacks read whole at every step instead, on the inference stage (a row read backwards)."""
+    stacks read whole at every step instead, and where lbc.native pushes the ring (decision 97), torch's passes
+    instead; on the inference stage (rows read backwards)."""
     spec = env_spec(cfg.env)
     agent = acting_agent(cfg, spec.obs_shape, spec.num_actions, pick_device(cfg.actor.device, "actor.device"))
-    if frame_ring(cfg, policy_net(agent), 1) is None:
+    ring = frame_ring(cfg, policy_net(agent), 1)
+    if ring is None:
         return {}
-    return {"stacks read whole": ("inference", ["actor.frame_ring=false"])}
+    levers = {"stacks read whole": ("inference", ["actor.frame_ring=false"])}
+    if ring.pushed_by == "lbc.native":
+        levers["ring pushed by torch's passes"] = ("inference", ["actor.native_ring=false"])
+    return levers
 
 
 def env_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:

@@ -92,7 +92,8 @@ def precision_of(net: LBCNet) -> Literal["fp32", "bf16"]:
 def frame_ring(cfg: Config, net: LBCNet, num_envs: int) -> FrameRing | None:
     """The ring (lbc.frame_ring, decisions 85 and 92) through which a player's acting pass reads its games' stacks
     where it pays: actor.frame_ring, the network on a CPU (in bf16 or float32, set_precision: the ring holds its
-    frames in that), a first convolution that reads frames in blocks. It puts the network's torso in the
+    frames in that), a first convolution that reads frames in blocks; pushed by lbc.native where actor.native_ring
+    and the library loads (decision 97). It puts the network's torso in the
     channels-last layout the ring's Frames come in. None elsewhere: the pass reads the stacks as the games give
     them."""
     blocks = net.input_blocks()
@@ -100,7 +101,7 @@ def frame_ring(cfg: Config, net: LBCNet, num_envs: int) -> FrameRing | None:
         return None
     net.set_channels_last(True)
     dtype = torch.bfloat16 if precision_of(net) == "bf16" else torch.float32
-    return FrameRing(num_envs, net.obs_shape, blocks, net.centre_frames, dtype)
+    return FrameRing(num_envs, net.obs_shape, blocks, net.centre_frames, dtype, cfg.actor.native_ring)
 
 
 def _network_pass(net: LBCNet, obs: torch.Tensor | Frames, prev_action: torch.Tensor, prev_reward: torch.Tensor,

@@ -290,6 +290,10 @@ class ActorConfig(_Section):
     frame_ring: bool = Field(True, description="a CPU actor keeps its games' frame stacks as its first "
                              "convolution reads them, in blocks of its stride, each frame read once as it comes "
                              "(lbc.frame_ring; the same sums, decisions 85, 92)")
+    native_ring: bool = Field(True, description="the frame ring's push, where its blocks are 4x4, by lbc.native's C++ "
+                              "in one pass (each game's median, its blocks centred and converted, fresh stacks' older "
+                              "slots zeroed), torch's passes where the library does not load; the same values "
+                              "(decision 97)")
     precision: Precision = Field("fp32", description="bf16: the acting network's convolutions and linear layers "
                                  "hold bfloat16 weights (each pull converts into them) and run in bfloat16, its "
                                  "outputs and recurrent state fp32; actors, the evaluator, lbc evaluate and lbc play; "

@@ -9,6 +9,11 @@ live in S slots, in k x k blocks (lbc.nets.frame_blocks, decision 83), centred a
 arrive, laid out channels-last; a step writes its newest frame over the oldest's slot, and the first
 convolution rotates its weight's groups to the slots (Frames.rotation) rather than the frames being moved. A
 float32 actor reads through a ring too: on an AVX2 host its acting step took 9-11% less CPU (decision 92).
+
+Where lbc.native loads and the blocks are 4x4, a push is one pass of its C++ (decision 97, actor.native_ring): each
+game's median from its frame's counts, its blocks centred, converted and stored while in registers, a fresh stack's
+older slots zeroed; torch's passes (the median, the blocks, their centring, the converting copy, the test for fresh
+stacks) took 1-2 ms of 64 games a step on the AMX host. The same values.
 """
 
 from __future__ import annotations
@@ -16,16 +21,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from lbc import native
 from lbc.frame_stacks import starts_afresh
 from lbc.nets import Frames, centred_blocks, frame_medians
 
 
 class FrameRing:
     """The stacks [E, S, H, W] of E games as Frames in k x k blocks (channels-last [E, S k k, H / k, W / k]),
-    each frame less its median where `centre` (x - m: exact in bfloat16 and float32), in `dtype`."""
+    each frame less its median where `centre` (x - m: exact in bfloat16 and float32), in `dtype`. `native_push`:
+    pushed by lbc.native where it loads and the blocks are 4x4 (`pushed_by` says which)."""
 
     def __init__(self, num_envs: int, obs_shape: tuple[int, int, int], blocks: int, centre: bool,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, native_push: bool = True) -> None:
         stack, height, width = obs_shape
         if height % blocks or width % blocks:
             raise ValueError(f"frames of {height}x{width} do not split into {blocks}x{blocks} blocks")
@@ -34,6 +41,12 @@ class FrameRing:
         self.slots = torch.zeros(num_envs, height // blocks, width // blocks, stack, blocks * blocks, dtype=dtype)
         self.oldest = 0      # the slot that holds the stack's oldest frame
         self.filled = False  # the first push writes every slot from its stacks
+        self._op = native.frame_ring_op() if native_push and blocks == native.STACK_BLOCK else None
+
+    @property
+    def pushed_by(self) -> str:
+        """Who writes the ring: "lbc.native" or "torch" (for logs)."""
+        return "torch" if self._op is None else "lbc.native"
 
     def _write(self, slot: int, frames: np.ndarray) -> None:
         """frames [E, H, W] uint8 (a view of the stacks: each frame a run of memory) into `slot`: in blocks, centred,
@@ -47,7 +60,11 @@ class FrameRing:
         Frames: the values read_frames would give them in blocks, their frames' groups rotated. The Frames are a view
         of the ring, for this step's pass: the next push writes over them."""
         stack = self.slots.shape[3]
-        if not self.filled:
+        if self._op is not None:
+            slot = -1 if not self.filled else self.oldest   # -1: every slot from its frame
+            self._op(torch.from_numpy(obs), self.slots, slot, self.centre)
+            self.oldest, self.filled = (0 if slot < 0 else (slot + 1) % stack), True
+        elif not self.filled:
             for j in range(stack):
                 self._write(j, obs[:, j])
             self.oldest, self.filled = 0, True
@@ -57,7 +74,7 @@ class FrameRing:
             self.oldest = (slot + 1) % stack
             fresh = np.flatnonzero(starts_afresh(obs))
             if len(fresh):   # the older frames of a game's first stack are zeros
-                older = torch.tensor([j for j in range(stack) if j != slot])
+                older = torch.tensor([j for j in range(stack) if j != slot], dtype=torch.long)
                 self.slots[torch.from_numpy(fresh)[:, None], :, :, older[None, :]] = 0
         num_envs, h, w, _, area = self.slots.shape
         pixels = self.slots.view(num_envs, h, w, stack * area).permute(0, 3, 1, 2)

@@ -5,7 +5,7 @@
 - the area resize of ALE's screens (lbc/csrc/area_resize.cpp, decision 94): OpenCV's INTER_AREA to the bit, for
   lbc.screens;
 - a CPU learner's frame stacks in 4x4 blocks written in one pass (lbc/csrc/frame_stacks.cpp, decision 96), for
-  lbc.nets.
+  lbc.nets, and an actor's frame ring pushed the same way (decision 97), for lbc.frame_ring.
 
 `make install` builds it (`python -m lbc.native`: g++ against the installed torch's headers and libraries) into
 the package, beside this file. A learner on a CPU loads it (learner.native_unroll) and unrolls by TorchScript
@@ -121,6 +121,12 @@ def area_resize_op() -> Op | None:
 
 
 @functools.cache
+def frame_ring_op() -> Op | None:
+    """The frame ring's push (lbc.frame_ring), or None where it cannot run here, logged once."""
+    return _loaded_op("frame_ring_push", "an actor's frame ring is written by torch's passes")
+
+
+@functools.cache
 def blocked_stacks_op() -> Op | None:
     """The blocked frame stacks' operator (lbc.nets), or None where it cannot run here, logged once."""
     return _loaded_op("blocked_stacks", "a CPU learner's frame stacks are written by torch's passes")
@@ -135,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         build()
         print(f"built {LIBRARY}")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    ok = ln_lstm_ops() is not None and area_resize_op() is not None and blocked_stacks_op() is not None
-    print(f"native unroll, area resize and frame stacks {'load' if ok else 'unavailable'} here")
+    ops = (ln_lstm_ops(), area_resize_op(), blocked_stacks_op(), frame_ring_op())
+    ok = all(op is not None for op in ops)
+    print(f"native unroll, area resize, frame stacks and frame ring {'load' if ok else 'unavailable'} here")
     return 0 if ok or not args.check else 1
 
 

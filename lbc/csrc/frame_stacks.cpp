@@ -110,10 +110,104 @@ void blocked_stacks(const Tensor& frames, const Tensor& medians, const Tensor& k
   }
 }
 
+
+// the lower median of a frame's block corners (every 4th pixel of every 4th row, lbc.nets.frame_medians): the least
+// value v with more than (n - 1) / 2 of the n corners at most v, read off their counts
+int32_t corner_median(const uint8_t* frame, int64_t h, int64_t w, int64_t width) {
+  int32_t counts[256] = {};
+  for (int64_t i = 0; i < h; ++i) {
+    const uint8_t* row = frame + i * kBlock * width;
+    for (int64_t j = 0; j < w; ++j) ++counts[row[j * kBlock]];
+  }
+  const int64_t half = (h * w - 1) / 2;
+  int64_t seen = 0;
+  for (int32_t v = 0; v < 256; ++v) {
+    seen += counts[v];
+    if (seen > half) return v;
+  }
+  return 255;
+}
+
+// one frame's blocks, less `median`, into a ring slot: block (i, j) at out + (i w + j) step
+template <typename T>
+void write_slot(const uint8_t* frame, int32_t median, T* out, int64_t step, int64_t h, int64_t w, int64_t width) {
+  const __m256i m = _mm256_set1_epi32(median);
+  for (int64_t i = 0; i < h; ++i) {
+    for (int64_t j = 0; j < w; ++j) {
+      __m256i lo, hi;
+      block_less(frame + i * kBlock * width + j * kBlock, width, m, lo, hi);
+      store_block(out + (i * w + j) * step, lo, hi);
+    }
+  }
+}
+
+template <typename T>
+void zero_slot(T* out, int64_t step, int64_t h, int64_t w) {
+  for (int64_t b = 0; b < h * w; ++b) std::memset(out + b * step, 0, kArea * sizeof(T));
+}
+
+template <typename T>
+void ring_push(const Tensor& obs, T* slots, int64_t slot, bool centre, int64_t games, int64_t stack, int64_t height,
+               int64_t width) {
+  const int64_t h = height / kBlock, w = width / kBlock, step = stack * kArea;
+  const int64_t frame_stride = obs.stride(1), game_stride = obs.stride(0);
+  const uint8_t* base = obs.data_ptr<uint8_t>();
+  at::parallel_for(0, games, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t e = begin; e < end; ++e) {
+      const uint8_t* game = base + e * game_stride;
+      T* ring = slots + e * h * w * step;
+      // slot < 0: every slot s from the stack's frame s (the ring's first push); else the newest frame into `slot`
+      const int64_t first = slot < 0 ? 0 : stack - 1;
+      for (int64_t f = first; f < stack; ++f) {
+        const uint8_t* frame = game + f * frame_stride;
+        const int64_t into = slot < 0 ? f : slot;
+        write_slot(frame, centre ? corner_median(frame, h, w, width) : 0, ring + into * kArea, step, h, w, width);
+      }
+      if (slot < 0) continue;
+      // a stack started afresh (its older frames all zeros: lbc.frame_stacks.starts_afresh): its other slots zeroed
+      bool afresh = true;
+      for (int64_t f = 0; f < stack - 1 && afresh; ++f) {
+        const uint8_t* frame = game + f * frame_stride;
+        int64_t p = 0;
+        for (; p + 32 <= height * width && afresh; p += 32) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(frame + p));
+          afresh = _mm256_testz_si256(v, v);
+        }
+        for (; p < height * width && afresh; ++p) afresh = frame[p] == 0;
+      }
+      if (afresh) {
+        for (int64_t s = 0; s < stack; ++s)
+          if (s != slot) zero_slot(ring + s * kArea, step, h, w);
+      }
+    }
+  });
+}
+
+void frame_ring_push(const Tensor& obs, const Tensor& slots, int64_t slot, bool centre) {
+  TORCH_CHECK(obs.scalar_type() == at::kByte && obs.dim() == 4 && obs.stride(3) == 1 && obs.stride(2) == obs.size(3),
+              "frame_ring_push: uint8 stacks [E, S, H, W], each frame contiguous");
+  const int64_t games = obs.size(0), stack = obs.size(1), height = obs.size(2), width = obs.size(3);
+  TORCH_CHECK(height % kBlock == 0 && width % kBlock == 0, "frame_ring_push: frames of sides a multiple of 4");
+  TORCH_CHECK(slots.is_contiguous() && slots.dim() == 5 && slots.size(0) == games && slots.size(1) == height / kBlock &&
+                  slots.size(2) == width / kBlock && slots.size(3) == stack && slots.size(4) == kArea,
+              "frame_ring_push: slots [E, H / 4, W / 4, S, 16], contiguous");
+  TORCH_CHECK(slot >= -1 && slot < stack, "frame_ring_push: slot -1 (all) or one of the stack's");
+  if (slots.scalar_type() == at::kFloat) {
+    ring_push(obs, slots.data_ptr<float>(), slot, centre, games, stack, height, width);
+  } else {
+    TORCH_CHECK(slots.scalar_type() == at::kBFloat16, "frame_ring_push: slots in float32 or bfloat16");
+    ring_push(obs, slots.data_ptr<at::BFloat16>(), slot, centre, games, stack, height, width);
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(lbc_native, m) {
   m.def("blocked_stacks(Tensor frames, Tensor medians, Tensor keep, Tensor(a!) out) -> ()");
+  m.def("frame_ring_push(Tensor obs, Tensor(a!) slots, int slot, bool centre) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(lbc_native, CPU, m) { m.impl("blocked_stacks", blocked_stacks); }
+TORCH_LIBRARY_IMPL(lbc_native, CPU, m) {
+  m.impl("blocked_stacks", blocked_stacks);
+  m.impl("frame_ring_push", frame_ring_push);
+}

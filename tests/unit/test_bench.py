@@ -364,16 +364,20 @@ def test_the_learner_levers_measure_what_the_preset_does_not_run():
         assert "stacks by torch's passes" not in learner_levers(load_config("cpu", settings))
 
 
-def test_the_actor_lever_measures_the_stacks_read_whole_where_a_frame_ring_reads_them():
-    """Decisions 85 and 92: a CPU actor with a small torso reads its stacks through a frame ring, in bf16 or float32,
-    and --levers measures its inference with the stacks read whole (read backwards); the deep torso and a ring
-    turned off have no row."""
+def test_the_actor_levers_measure_the_stacks_read_whole_and_the_ring_pushed_by_torch():
+    """Decisions 85, 92 and 97: a CPU actor with a small torso reads its stacks through a frame ring, in bf16 or
+    float32, pushed by lbc.native, and --levers measures its inference with the stacks read whole and with the ring
+    pushed by torch's passes (rows read backwards); the deep torso and a ring turned off have no row, a ring set to
+    torch's passes no row for them."""
     from bench.throughput import actor_levers
 
     for precision in ("bf16", "fp32"):
         assert actor_levers(load_config("impala", [f"actor.precision={precision}"])) == {
-            "stacks read whole": ("inference", ["actor.frame_ring=false"])}
+            "stacks read whole": ("inference", ["actor.frame_ring=false"]),
+            "ring pushed by torch's passes": ("inference", ["actor.native_ring=false"])}
         assert "stacks read whole" in actor_levers(load_config("cpu", [f"actor.precision={precision}"]))
+    assert actor_levers(load_config("cpu", ["actor.native_ring=false"])) == {
+        "stacks read whole": ("inference", ["actor.frame_ring=false"])}
     for off in (["actor.precision=fp32", "actor.frame_ring=false"], ["actor.precision=bf16", "actor.frame_ring=false"],
                 ["actor.precision=bf16", "net.torso=deep"]):
         assert actor_levers(load_config("cpu", off)) == {}, off
