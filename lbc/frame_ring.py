@@ -13,7 +13,7 @@ float32 actor reads through a ring too: on an AVX2 host its acting step took 9-1
 Where lbc.native loads and the blocks are 4x4, a push is one pass of its C++ (decision 97, actor.native_ring): each
 game's median from its frame's counts, its blocks centred, converted and stored while in registers, a fresh stack's
 older slots zeroed; torch's passes (the median, the blocks, their centring, the converting copy, the test for fresh
-stacks) took 1-2 ms of 64 games a step on the AMX host. The same values.
+stacks) took 1.9-3.3 ms of 64 games a step on the AMX host, the kernel 0.4-0.5. The same values.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from lbc.nets import Frames, centred_blocks, frame_medians
 class FrameRing:
     """The stacks [E, S, H, W] of E games as Frames in k x k blocks (channels-last [E, S k k, H / k, W / k]),
     each frame less its median where `centre` (x - m: exact in bfloat16 and float32), in `dtype`. `native_push`:
-    pushed by lbc.native where it loads and the blocks are 4x4 (`pushed_by` says which)."""
+    pushed by lbc.native where it loads, the blocks are 4x4 and `dtype` float32 or bfloat16 (`pushed_by` says
+    which)."""
 
     def __init__(self, num_envs: int, obs_shape: tuple[int, int, int], blocks: int, centre: bool,
                  dtype: torch.dtype, native_push: bool = True) -> None:
@@ -41,7 +42,8 @@ class FrameRing:
         self.slots = torch.zeros(num_envs, height // blocks, width // blocks, stack, blocks * blocks, dtype=dtype)
         self.oldest = 0      # the slot that holds the stack's oldest frame
         self.filled = False  # the first push writes every slot from its stacks
-        self._op = native.frame_ring_op() if native_push and blocks == native.STACK_BLOCK else None
+        kernel_writes = blocks == native.STACK_BLOCK and dtype in (torch.float32, torch.bfloat16)
+        self._op = native.frame_ring_op() if native_push and kernel_writes else None
 
     @property
     def pushed_by(self) -> str:

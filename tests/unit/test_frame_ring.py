@@ -144,8 +144,9 @@ def test_the_native_push_refuses_what_it_cannot_write():
 
 
 def test_the_ring_is_pushed_by_torch_where_lbc_native_cannot(monkeypatch):
-    """Blocks other than 4x4, or the library not loaded: torch's passes push, and say so."""
+    """Blocks other than 4x4, another dtype, or the library not loaded: torch's passes push, and say so."""
     assert FrameRing(2, (4, 84, 84), 2, True, torch.float32).pushed_by == "torch"
+    assert FrameRing(2, (4, 84, 84), 4, True, torch.float16).pushed_by == "torch"
     monkeypatch.setattr(native, "frame_ring_op", lambda: None)
     ring = FrameRing(2, (4, 84, 84), 4, True, torch.float32)
     assert ring.pushed_by == "torch"
