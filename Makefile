@@ -64,9 +64,9 @@ $(PROTO_OUT): proto/lbcproto/lbc.proto $(STAMP)
 	# the editable install maps only packages that existed when it ran: map the generated one too
 	$(UV_INSTALL) --no-deps -e . || $(PY) -m pip install -q --no-deps -e .
 
-# lbc.native's C++ (the CPU learner's LayerNorm-LSTM unroll and frame stacks, the Atari screens' resize; decisions 90,
-# 94, 96): about 20 s of g++ on two cores, its three sources at once. Where it cannot be built the learner unrolls by
-# TorchScript and writes its stacks by torch's passes, and ALE resizes the screens (the same values), each log saying so.
+# lbc.native's C++ (the CPU learner's LayerNorm-LSTM unroll and frame stacks, the actors' frame ring, the Atari screens'
+# resize; decisions 90, 94, 96, 97): about 20 s of g++ on two cores, its three sources at once. Where it cannot be built
+# torch's passes do that work and ALE resizes the screens (the same values), each log saying so.
 $(NATIVE): lbc/csrc/ln_lstm.cpp lbc/csrc/area_resize.cpp lbc/csrc/frame_stacks.cpp lbc/native.py $(STAMP)
 	$(PY) -m lbc.native || echo "lbc/liblbc_native.so not built: the CPU learner unrolls its LSTM by TorchScript" >&2
 

@@ -62,22 +62,19 @@ class FrameRing:
         Frames: the values read_frames would give them in blocks, their frames' groups rotated. The Frames are a view
         of the ring, for this step's pass: the next push writes over them."""
         stack = self.slots.shape[3]
+        slot = self.oldest if self.filled else -1   # -1: every slot from its frame (the first push)
         if self._op is not None:
-            slot = -1 if not self.filled else self.oldest   # -1: every slot from its frame
             self._op(torch.from_numpy(obs), self.slots, slot, self.centre)
-            self.oldest, self.filled = (0 if slot < 0 else (slot + 1) % stack), True
-        elif not self.filled:
+        elif slot < 0:
             for j in range(stack):
                 self._write(j, obs[:, j])
-            self.oldest, self.filled = 0, True
         else:
-            slot = self.oldest
             self._write(slot, obs[:, -1])
-            self.oldest = (slot + 1) % stack
             fresh = np.flatnonzero(starts_afresh(obs))
             if len(fresh):   # the older frames of a game's first stack are zeros
                 older = torch.tensor([j for j in range(stack) if j != slot], dtype=torch.long)
                 self.slots[torch.from_numpy(fresh)[:, None], :, :, older[None, :]] = 0
+        self.oldest, self.filled = (slot + 1) % stack if slot >= 0 else 0, True
         num_envs, h, w, _, area = self.slots.shape
         pixels = self.slots.view(num_envs, h, w, stack * area).permute(0, 3, 1, 2)
         return Frames(pixels, None, self.blocks, self.oldest)
