@@ -130,9 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("actor %s up: %d x %s, version %d, inference in %s%s", actor_id, num_envs, cfg.env.name,
                  puller.version, precision_of(net),
                  "" if ring is None else f", the stacks kept in {ring.blocks}x{ring.blocks} blocks (actor.frame_ring) "
-                 f"pushed by {ring.pushed_by} (actor.native_ring)"
-                 + (", each convolution and its ReLU one operation (actor.fused_relus)"
-                    if net.heads.weight.device.type == "cpu" and net.fuses_relus() else ""))
+                 f"pushed by {ring.pushed_by} (actor.native_ring)")
     try:   # Stopped: told to stop while the inference service had not answered
         obs = envs.reset()
         inputs = CoreInputs.start(net, num_envs)

@@ -390,8 +390,8 @@ def learner_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
     """The learner's levers against what the preset runs: batches prepared ahead or not, whichever it does not
     (a row read backwards where it does), and, where it keeps a target network's outputs (lbc.target_cache),
     not keeping them (read backwards: what keeping them gives); where it reads frames in blocks, has lbc.native
-    write their stacks, unrolls its LSTM natively or fuses its convolutions' ReLUs, not doing so. A lever the
-    preset cannot use (a target cache without a target network) is no row: it would measure the preset again."""
+    write their stacks or unrolls its LSTM natively, not doing so. A lever the preset cannot use (a target cache
+    without a target network) is no row: it would measure the preset again."""
     ahead = cfg.learner.prepare_ahead
     levers = {f"batches {'not ' if ahead else ''}prepared ahead": ("learner", [f"learner.prepare_ahead={not ahead}"])}
     if cfg.learner.target_update_every > 0 and cfg.learner.target_cache:
@@ -403,8 +403,6 @@ def learner_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
         levers["stacks by torch's passes"] = ("learner", ["learner.native_stacks=false"])
     if learner_unrolls_natively(cfg):
         levers["LSTM by TorchScript"] = ("learner", ["learner.native_unroll=false"])
-    if device == "cpu" and net.set_fused_relus(cfg.learner.fused_relus).fuses_relus():
-        levers["ReLUs apart"] = ("learner", ["learner.fused_relus=false"])
     return levers
 
 
@@ -425,19 +423,15 @@ def learner_net(cfg: Config) -> LBCNet:
 def actor_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
     """Where the preset's actors read their stacks through a frame ring (lbc.acting.frame_ring, decision 85), the
     stacks read whole at every step instead, and where lbc.native pushes the ring (decision 97), torch's passes
-    instead; where a CPU actor fuses its convolutions' ReLUs (decision 98), the two apart; on the inference stage
-    (rows read backwards)."""
+    instead; on the inference stage (rows read backwards)."""
     spec = env_spec(cfg.env)
     agent = acting_agent(cfg, spec.obs_shape, spec.num_actions, pick_device(cfg.actor.device, "actor.device"))
-    net = policy_net(agent)
-    ring = frame_ring(cfg, net, 1)
-    levers = {}
-    if ring is not None:
-        levers["stacks read whole"] = ("inference", ["actor.frame_ring=false"])
-    if ring is not None and ring.pushed_by == "lbc.native":
+    ring = frame_ring(cfg, policy_net(agent), 1)
+    if ring is None:
+        return {}
+    levers = {"stacks read whole": ("inference", ["actor.frame_ring=false"])}
+    if ring.pushed_by == "lbc.native":
         levers["ring pushed by torch's passes"] = ("inference", ["actor.native_ring=false"])
-    if net.heads.weight.device.type == "cpu" and net.fuses_relus():
-        levers["acting ReLUs apart"] = ("inference", ["actor.fused_relus=false"])
     return levers
 
 

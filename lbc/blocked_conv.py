@@ -16,8 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lbc.conv_relu import conv2d_relu, fuses
-
 
 def block_size(conv: nn.Conv2d, frame: tuple[int, ...]) -> int:
     """The side k of the blocks in which `conv` can read inputs of [H, W] = frame[-2:]: its stride, where that is
@@ -78,12 +76,6 @@ class StridedConv2d(nn.Conv2d):
     CPU, channels-last, the stride dividing the kernel and the input (block_size). The forward pass and the
     weight's gradient are nn.Conv2d's; the input's gradient equals it up to float rounding (summed in another
     order). Elsewhere, and without a gradient for the input, it is nn.Conv2d."""
-
-    def forward_relu(self, x: torch.Tensor) -> torch.Tensor:
-        """relu(forward(x)), as one oneDNN operation where lbc.conv_relu.fuses it (lbc.conv_relu.run_layers)."""
-        if fuses(x) and self.padding_mode == "zeros" and not isinstance(self.padding, str):
-            return conv2d_relu(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-        return torch.relu(self(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = (block_size(self, x.shape) if x.requires_grad and torch.is_grad_enabled() and x.device.type == "cpu"

@@ -17,7 +17,6 @@ from torch import nn
 
 from lbc import native
 from lbc.blocked_conv import StridedConv2d, block_size
-from lbc.conv_relu import conv2d_relu, has_fused_pairs, run_layers
 from lbc.family import family_traits
 from lbc.frame_stacks import observations, stack_keep
 from lbc.lstm_bptt import EPS as LN_EPS
@@ -312,39 +311,22 @@ class FrameConv2d(nn.Conv2d):
     median_by_sort = False   # lbc.export sets it: ONNX has no median
 
     def forward(self, x: torch.Tensor | Frames) -> torch.Tensor:
-        return self._forward(x, relu=False)
-
-    def forward_relu(self, x: torch.Tensor | Frames) -> torch.Tensor:
-        """relu(forward(x)), as one oneDNN operation where lbc.conv_relu.fuses it (lbc.conv_relu.run_layers)."""
-        return self._forward(x, relu=True)
-
-    def _forward(self, x: torch.Tensor | Frames, relu: bool) -> torch.Tensor:
         if isinstance(x, torch.Tensor):
             if x.dtype != torch.uint8:
-                return self._conv(x, self.weight, relu)
+                return super().forward(x)
             x = read_frames(x, self.centre, self.median_by_sort)
         if x.blocks > 1:
             frame = tuple(n * x.blocks for n in x.shape[-2:])
             if self.block_size(frame) != x.blocks:
                 raise ValueError(f"a {tuple(self.kernel_size)} convolution of stride {tuple(self.stride)} cannot read "
                                  f"{frame[0]}x{frame[1]} frames in {x.blocks}x{x.blocks} blocks")
-            w = self._weight_in_blocks(x.blocks, x.rotation) * (1.0 / 255.0)
-            return conv2d_relu(x.pixels, w, self.bias, (1, 1), (0, 0), (1, 1), 1) if relu else F.conv2d(
-                x.pixels, w, self.bias)
+            return F.conv2d(x.pixels, self._weight_in_blocks(x.blocks, x.rotation) * (1.0 / 255.0), self.bias)
         if x.medians is None:
-            return self._conv(x.pixels, self.weight * (1.0 / 255.0), relu)
+            return self._conv_forward(x.pixels, self.weight * (1.0 / 255.0), self.bias)
         with torch.autocast(x.pixels.device.type, enabled=False):   # Frames read outside bf16 autocast
             w = self.weight.float() * (1.0 / 255.0)
             out = self._conv_forward(x.pixels, w, None if self.bias is None else self.bias.float())
-            out = out - torch.einsum("nc,cohw->nohw", x.medians, self._response_to_ones(w, x.shape[-2:]))
-            return torch.relu(out) if relu else out
-
-    def _conv(self, x: torch.Tensor, weight: torch.Tensor, relu: bool) -> torch.Tensor:
-        """The layer's convolution of x with `weight`, and its ReLU where `relu`."""
-        if relu and self.padding_mode == "zeros" and not isinstance(self.padding, str):
-            return conv2d_relu(x, weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-        out = self._conv_forward(x, weight, self.bias)
-        return torch.relu(out) if relu else out
+            return out - torch.einsum("nc,cohw->nohw", x.medians, self._response_to_ones(w, x.shape[-2:]))
 
     def block_size(self, frame: tuple[int, ...]) -> int:
         """The side k of the blocks in which this convolution can read frames [H, W] (Frames.blocks; 1: none,
@@ -416,13 +398,12 @@ class _ConvTorso(nn.Module):
             n = self.convs(torch.zeros(1, *obs_shape)).shape[-1]
         self.fc = nn.Sequential(nn.Linear(n, hidden), nn.ReLU())
         self.memory_format = torch.contiguous_format
-        self.fused_relus = True   # LBCNet.set_fused_relus
 
     def forward(self, x: torch.Tensor | Frames) -> torch.Tensor:
         # uint8 frames are laid out before FrameConv2d reads them, so its float copy is the only big one
         if isinstance(x, torch.Tensor):
             x = x.contiguous(memory_format=self.memory_format)
-        return self.fc(run_layers(self.convs, x) if self.fused_relus else self.convs(x))
+        return self.fc(self.convs(x))
 
 
 class SmallTorso(_ConvTorso):
@@ -779,19 +760,6 @@ class LBCNet(nn.Module):
             self.torso.memory_format = torch.channels_last if enabled else torch.contiguous_format
             self.torso.convs.to(memory_format=self.torso.memory_format)
         return self
-
-    def set_fused_relus(self, enabled: bool) -> LBCNet:
-        """In passes without a gradient on a CPU, each torso convolution and the ReLU after it as one oneDNN operation
-        (lbc.conv_relu, decision 98: the same values), or the two apart."""
-        if isinstance(self.torso, _ConvTorso):
-            self.torso.fused_relus = enabled
-        return self
-
-    def fuses_relus(self) -> bool:
-        """Whether the torso's passes without a gradient fuse its convolutions' ReLUs on a CPU (set_fused_relus,
-        where oneDNN is built), for logs and bench.throughput's levers."""
-        return (isinstance(self.torso, _ConvTorso) and self.torso.fused_relus and has_fused_pairs(self.torso.convs)
-                and torch.backends.mkldnn.is_available())
 
     def set_frame_blocks(self, enabled: bool, native_stacks: bool = False) -> LBCNet:
         """Read a batch's frames (sequence_input) in blocks of the first convolution's stride where that convolution

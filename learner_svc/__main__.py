@@ -130,8 +130,6 @@ def main(argv: list[str] | None = None) -> int:
         log.info("frames read in %dx%d blocks, the first convolution a stride-1 one over them (learner.frame_blocks); "
                  "their stacks written by %s (learner.native_stacks)", blocks, blocks,
                  "lbc.native" if natively else "torch")
-    if trainer.device.type == "cpu" and trainer.model.fuses_relus():
-        log.info("passes without a gradient run each convolution and its ReLU as one operation (learner.fused_relus)")
 
     last_log = time.monotonic()
     steps = training_steps(cfg, trainer, fetcher, stop, log)

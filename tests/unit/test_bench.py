@@ -331,20 +331,15 @@ def test_the_learner_levers_measure_what_the_preset_does_not_run():
     scripted = "learner.native_unroll=false"
     plain = "learner.frame_blocks=false"
     torchs = "learner.native_stacks=false"
-    apart = "learner.fused_relus=false"
-    assert learner_levers(load_config("cpu", ["learner.precision=fp32", scripted, plain, apart])) == {
+    assert learner_levers(load_config("cpu", ["learner.precision=fp32", scripted, plain])) == {
         "batches prepared ahead": ("learner", ["learner.prepare_ahead=True"]),
         "target outputs not kept": ("learner", ["learner.target_cache=false"])}
     # a learner that prepares ahead is measured without
     assert learner_levers(load_config("cpu", ["learner.precision=fp32", "learner.prepare_ahead=true"]))[
         "batches not prepared ahead"] == ("learner", ["learner.prepare_ahead=False"])
     # `impala` does neither and has no target network: preparing ahead is the one lever
-    assert learner_levers(load_config("impala", ["learner.precision=fp32", scripted, plain, apart])) == {
+    assert learner_levers(load_config("impala", ["learner.precision=fp32", scripted, plain])) == {
         "batches prepared ahead": ("learner", ["learner.prepare_ahead=True"])}
-    # where the passes without a gradient fuse each convolution and its ReLU (decision 98), the two apart; the deep
-    # torso's ReLUs come before its convolutions
-    assert learner_levers(load_config("impala", []))["ReLUs apart"] == ("learner", [apart])
-    assert "ReLUs apart" not in learner_levers(load_config("impala", ["net.torso=deep"]))
     # where lbc.native's unroll runs (make install builds it; decision 90), the LSTM by TorchScript, read backwards;
     # not with the feed-forward core or a GPU learner
     assert learner_levers(load_config("impala", ["learner.precision=fp32"]))["LSTM by TorchScript"] == (
@@ -370,28 +365,22 @@ def test_the_learner_levers_measure_what_the_preset_does_not_run():
 
 
 def test_the_actor_levers_measure_the_stacks_read_whole_and_the_ring_pushed_by_torch():
-    """Decisions 85, 92, 97 and 98: a CPU actor with a small torso reads its stacks through a frame ring, in bf16 or
-    float32, pushed by lbc.native, its convolutions' ReLUs fused, and --levers measures its inference with the
-    stacks read whole, with the ring pushed by torch's passes and with the ReLUs apart (rows read backwards); the
-    deep torso and a ring turned off have no ring rows, a ring set to torch's passes no row for them."""
+    """Decisions 85, 92 and 97: a CPU actor with a small torso reads its stacks through a frame ring, in bf16 or
+    float32, pushed by lbc.native, and --levers measures its inference with the stacks read whole and with the ring
+    pushed by torch's passes (rows read backwards); the deep torso and a ring turned off have no row, a ring set to
+    torch's passes no row for them."""
     from bench.throughput import actor_levers
 
-    apart = "actor.fused_relus=false"
     for precision in ("bf16", "fp32"):
         assert actor_levers(load_config("impala", [f"actor.precision={precision}"])) == {
             "stacks read whole": ("inference", ["actor.frame_ring=false"]),
-            "ring pushed by torch's passes": ("inference", ["actor.native_ring=false"]),
-            "acting ReLUs apart": ("inference", [apart])}
+            "ring pushed by torch's passes": ("inference", ["actor.native_ring=false"])}
         assert "stacks read whole" in actor_levers(load_config("cpu", [f"actor.precision={precision}"]))
-    assert actor_levers(load_config("cpu", ["actor.native_ring=false", apart])) == {
+    assert actor_levers(load_config("cpu", ["actor.native_ring=false"])) == {
         "stacks read whole": ("inference", ["actor.frame_ring=false"])}
     for off in (["actor.precision=fp32", "actor.frame_ring=false"], ["actor.precision=bf16", "actor.frame_ring=false"],
                 ["actor.precision=bf16", "net.torso=deep"]):
-        assert actor_levers(load_config("cpu", [*off, apart])) == {}, off
-    # decision 98 applies with or without the ring, not to the deep torso (its ReLUs come before its convolutions)
-    assert actor_levers(load_config("cpu", ["actor.frame_ring=false"])) == {
-        "acting ReLUs apart": ("inference", [apart])}
-    assert actor_levers(load_config("cpu", ["net.torso=deep"])) == {}
+        assert actor_levers(load_config("cpu", off)) == {}, off
 
 
 def test_the_games_lever_measures_screens_resized_by_ale_where_lbc_native_resizes_them():
