@@ -23,7 +23,7 @@ from lbc.frame_stacks import observations, stack_keep
 from lbc.lstm_bptt import EPS as LN_EPS
 from lbc.lstm_bptt import GraphCache, forward_by_graphs, ln_lstm_steps_bptt
 from lbc.ngu_nets import NguAgent, NguAux
-from lbc.packed_linear import Linear, linear
+from lbc.packed_linear import Linear, laid_out, linear
 from lbc.recycling import Link, dormant_scores, recycle, unit_activity
 from lbc.torsos import resolve_torso, torso_problem
 
@@ -593,7 +593,7 @@ class LayerNormLSTM(nn.Module):
             device = xs.device.type
             low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
             if low is not None and (trains or weights[0].dtype != low):
-                out, h, c = self._mixed_unroll(xs, keep, h, c, weights, low, self.native)
+                out, h, c = self._mixed_unroll(xs, keep, h, c, weights, low, self.native, self.packed)
             elif trains or (self.native and not xs.is_cuda):   # a float32 learner's burn-in and target network too
                 out, h, c = ln_lstm_steps_bptt(xs, keep, h, c, *weights, graphs=graphs, native_unroll=self.native)
             elif graphs and low is None:
@@ -612,17 +612,21 @@ class LayerNormLSTM(nn.Module):
 
     @staticmethod
     def _mixed_unroll(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
-                      weights: tuple[torch.Tensor, ...], low: torch.dtype, native_unroll: bool = False
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      weights: tuple[torch.Tensor, ...], low: torch.dtype, native_unroll: bool = False,
+                      packed: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The unroll under autocast (the learner's; an actor's network keeps its weights in `low` already):
         lbc.lstm_bptt's forward and written-out backward with the recurrent products in autocast's dtype `low`
         and the hidden weight cast once an unroll, where autocast without its cache (as the learner runs it)
         casts it forward and its gradient back at every step (52 casts in a `cpu` learner step); the rest in
         the state's float32, where autocast ran the gates in bfloat16 (decision 82). Eagerly: CUDA graphs
-        replay the float32 unroll only."""
+        replay the float32 unroll only. With `packed` lbc.native's products read the bfloat16 hidden weight laid out
+        for oneDNN once per value of the weight (lbc.packed_linear; decision 98)."""
+        lays_out = (packed and native_unroll and low == torch.bfloat16 and not xs.is_cuda
+                    and lbc_packed_linear.available())
+        laid = (laid_out(weights[0]), laid_out(weights[0], transposed=True)) if lays_out else None
         with torch.autocast(xs.device.type, enabled=False):
             return ln_lstm_steps_bptt(xs.to(h.dtype), keep.to(h.dtype), h, c, weights[0].to(low), *weights[1:],
-                                      native_unroll=native_unroll)
+                                      native_unroll=native_unroll, laid_out=laid)
 
     @property
     def input_weight(self) -> nn.Parameter:

@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# id(weight) -> ((storage, version, dtype) when laid out, the laid-out bfloat16 weight); an entry leaves with its weight
-_LAID_OUT: dict[int, tuple[tuple[int, int, torch.dtype], torch.Tensor]] = {}
+# (id(weight), transposed) -> ((storage, version, dtype) when laid out, the laid-out bfloat16 weight); an entry
+# leaves with its weight
+_LAID_OUT: dict[tuple[int, bool], tuple[tuple[int, int, torch.dtype], torch.Tensor]] = {}
 
 
 @functools.cache
@@ -46,16 +47,18 @@ def packs(x: torch.Tensor) -> bool:
     return x.dtype == torch.bfloat16
 
 
-def laid_out(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` [out, in] in bfloat16 as oneDNN's products read it, made once per value of the weight."""
-    key = id(weight)
+def laid_out(weight: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+    """`weight` [out, in] (its transpose where `transposed`) in bfloat16 as oneDNN's products read it, made once per
+    value of the weight."""
+    key = (id(weight), transposed)
     stamp = (weight.data_ptr(), weight._version, weight.dtype)
     kept = _LAID_OUT.get(key)
     if kept is not None and kept[0] == stamp:
         return kept[1]
     if kept is None:
         weakref.finalize(weight, _LAID_OUT.pop, key, None)
-    out = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.bfloat16))
+    w = weight.detach().to(torch.bfloat16)
+    out = torch.ops.mkldnn._reorder_linear_weight(w.t().contiguous() if transposed else w)
     _LAID_OUT[key] = (stamp, out)
     return out
 

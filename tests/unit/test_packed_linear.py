@@ -58,7 +58,7 @@ def test_the_weight_is_laid_out_again_when_it_changes():
         layer.float()   # a new storage, float32 now: laid out from its bfloat16 cast under autocast
         with torch.autocast("cpu", torch.bfloat16):
             assert torch.equal(layer(x.float()), F.linear(x.float(), layer.weight, layer.bias))
-    key = id(layer.weight)
+    key = (id(layer.weight), False)
     assert key in packed_linear._LAID_OUT
     del layer
     assert key not in packed_linear._LAID_OUT   # the laid-out copy leaves with its weight
@@ -119,3 +119,30 @@ def test_an_acting_pass_and_a_learners_passes_are_the_same_packed_or_not():
     for a, b_ in zip(packed, passes(), strict=True):
         assert torch.equal(a.adv, b_.adv) and torch.equal(a.value, b_.value)
         assert all(torch.equal(x, y) for x, y in zip(a.state, b_.state, strict=True))
+
+
+@pytest.mark.parametrize("steps, batch", [(1, 3), (21, 16), (31, 9)])
+def test_the_native_unroll_on_the_laid_out_weight_gives_the_same_bits(steps, batch):
+    """lbc.native's unroll with a bfloat16 hidden weight (a bf16 learner's), its products on W and W^T laid out once
+    (decision 98) against at::mm's: every forward and backward result equal to the bit, a reset in the middle."""
+    from lbc import native
+    from lbc.lstm_bptt import EPS
+    if native.ln_lstm_ops() is None:
+        pytest.skip(f"lbc.native does not load here: {native.unavailable()}")
+    forward, backward = native.ln_lstm_ops()
+    g = torch.Generator().manual_seed(steps)
+    size = 256
+    xs, h, c = (torch.randn(*shape, generator=g) for shape in ((steps, batch, 4 * size), (batch, size), (batch, size)))
+    keep = torch.ones(steps, batch, 1)
+    keep[steps // 2, 0] = 0.0
+    master = torch.randn(4 * size, size, generator=g) / size ** 0.5
+    gains = (1 + 0.1 * torch.randn(4 * size, generator=g), 1 + 0.1 * torch.randn(size, generator=g),
+             0.1 * torch.randn(size, generator=g))
+    inputs = (xs, keep, h, c, master.bfloat16(), *gains)
+    plain = forward(*inputs, EPS)
+    laid = forward(*inputs, EPS, laid_out(master))
+    assert all(torch.equal(a, b) for a, b in zip(plain, laid, strict=True))
+    grads = tuple(torch.randn(*t.shape, generator=g) for t in (plain[0], h, c))
+    back = (*grads, keep, master.bfloat16(), *gains, *plain[3:])
+    assert all(torch.equal(a, b) for a, b in zip(backward(*back), backward(*back, laid_out(master, transposed=True)),
+                                                 strict=True))
