@@ -127,12 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     if remote:
         log.info("actor %s up: %d x %s, inference at %s", actor_id, num_envs, cfg.env.name, cfg.endpoints.inference)
     else:
-        laid_out = precision_of(net) == "bf16" and net.heads.weight.device.type == "cpu" and net.packs_linears()
-        log.info("actor %s up: %d x %s, version %d, inference in %s%s%s", actor_id, num_envs, cfg.env.name,
+        log.info("actor %s up: %d x %s, version %d, inference in %s%s", actor_id, num_envs, cfg.env.name,
                  puller.version, precision_of(net),
                  "" if ring is None else f", the stacks kept in {ring.blocks}x{ring.blocks} blocks (actor.frame_ring) "
-                 f"pushed by {ring.pushed_by} (actor.native_ring)",
-                 ", its linear layers' weights laid out once a pull (actor.packed_linears)" if laid_out else "")
+                 f"pushed by {ring.pushed_by} (actor.native_ring)")
     try:   # Stopped: told to stop while the inference service had not answered
         obs = envs.reset()
         inputs = CoreInputs.start(net, num_envs)

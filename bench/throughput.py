@@ -53,7 +53,7 @@ from bench.cpu_use import (
 )
 from bench.record import write as write_record
 from bench.system import GpuSampler, end_to_end
-from lbc.acting import CoreInputs, acting_agent, forward, frame_ring, precision_of
+from lbc.acting import CoreInputs, acting_agent, forward, frame_ring
 from lbc.agents import Acting, family_of, make_acting
 from lbc.behaviour import EpisodeBehaviour, sample_actions
 from lbc.config import PRESETS, Config, load_config
@@ -390,8 +390,8 @@ def learner_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
     """The learner's levers against what the preset runs: batches prepared ahead or not, whichever it does not
     (a row read backwards where it does), and, where it keeps a target network's outputs (lbc.target_cache),
     not keeping them (read backwards: what keeping them gives); where it reads frames in blocks, has lbc.native
-    write their stacks, unrolls its LSTM natively or lays its bf16 linear weights out once, not doing so. A lever
-    the preset cannot use (a target cache without a target network) is no row: it would measure the preset again."""
+    write their stacks or unrolls its LSTM natively, not doing so. A lever the preset cannot use (a target cache
+    without a target network) is no row: it would measure the preset again."""
     ahead = cfg.learner.prepare_ahead
     levers = {f"batches {'not ' if ahead else ''}prepared ahead": ("learner", [f"learner.prepare_ahead={not ahead}"])}
     if cfg.learner.target_update_every > 0 and cfg.learner.target_cache:
@@ -403,9 +403,6 @@ def learner_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
         levers["stacks by torch's passes"] = ("learner", ["learner.native_stacks=false"])
     if learner_unrolls_natively(cfg):
         levers["LSTM by TorchScript"] = ("learner", ["learner.native_unroll=false"])
-    bf16 = compute_precision(cfg.learner.precision, torch.device(device)) == "bf16"
-    if device == "cpu" and bf16 and net.set_packed_linears(cfg.learner.packed_linears).packs_linears():
-        levers["weights laid out at each product"] = ("learner", ["learner.packed_linears=false"])
     return levers
 
 
@@ -426,19 +423,15 @@ def learner_net(cfg: Config) -> LBCNet:
 def actor_levers(cfg: Config) -> dict[str, tuple[str, list[str]]]:
     """Where the preset's actors read their stacks through a frame ring (lbc.acting.frame_ring, decision 85), the
     stacks read whole at every step instead, and where lbc.native pushes the ring (decision 97), torch's passes
-    instead; where a bf16 CPU actor lays its linear weights out once (decision 98), at every product; on the
-    inference stage (rows read backwards)."""
+    instead; on the inference stage (rows read backwards)."""
     spec = env_spec(cfg.env)
     agent = acting_agent(cfg, spec.obs_shape, spec.num_actions, pick_device(cfg.actor.device, "actor.device"))
-    net = policy_net(agent)
-    ring = frame_ring(cfg, net, 1)
-    levers = {}
-    if ring is not None:
-        levers["stacks read whole"] = ("inference", ["actor.frame_ring=false"])
-    if ring is not None and ring.pushed_by == "lbc.native":
+    ring = frame_ring(cfg, policy_net(agent), 1)
+    if ring is None:
+        return {}
+    levers = {"stacks read whole": ("inference", ["actor.frame_ring=false"])}
+    if ring.pushed_by == "lbc.native":
         levers["ring pushed by torch's passes"] = ("inference", ["actor.native_ring=false"])
-    if net.heads.weight.device.type == "cpu" and precision_of(net) == "bf16" and net.packs_linears():
-        levers["acting weights laid out at each product"] = ("inference", ["actor.packed_linears=false"])
     return levers
 
 

@@ -69,7 +69,6 @@ def acting_agent(cfg: Config, obs_shape: tuple[int, ...], num_actions: int,
     device = torch.device("cpu") if device is None else device
     agent = build_agent(cfg, obs_shape, num_actions).eval().to(device)
     set_precision(policy_net(agent), compute_precision(cfg.actor.precision, device))
-    policy_net(agent).set_packed_linears(cfg.actor.packed_linears)
     return agent
 
 

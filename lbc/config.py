@@ -242,10 +242,6 @@ class LearnerConfig(_Section):
     native_stacks: bool = Field(True, description="a CPU learner's frame stacks in 4x4 blocks written by lbc.native's "
                                 "C++ in one pass (built by make install; the same values, decision 96), else by "
                                 "torch's passes")
-    packed_linears: bool = Field(True, description="a CPU learner's passes without a gradient (burn-in, the target "
-                                 "network, the bootstrap step) read each linear layer's bfloat16 weight laid out for "
-                                 "oneDNN once per value of the weight, not at every call (the same values; "
-                                 "decision 98)")
     native_unroll: bool = Field(True, description="a CPU learner unrolls its LayerNorm-LSTM by lbc.native's C++ "
                                 "(built by make install; the same equations in one pass a row, decision 90), else by "
                                 "TorchScript")
@@ -298,9 +294,6 @@ class ActorConfig(_Section):
                               "in one pass (each game's median, its blocks centred and converted, fresh stacks' older "
                               "slots zeroed), torch's passes where the library does not load; the same values "
                               "(decision 97)")
-    packed_linears: bool = Field(True, description="a bf16 acting pass on a CPU reads each linear layer's weight laid "
-                                 "out for oneDNN once per pull, not at every call (the same values; decision 98); "
-                                 "actors, the evaluator, lbc evaluate and lbc play")
     precision: Precision = Field("fp32", description="bf16: the acting network's convolutions and linear layers "
                                  "hold bfloat16 weights (each pull converts into them) and run in bfloat16, its "
                                  "outputs and recurrent state fp32; actors, the evaluator, lbc evaluate and lbc play; "

@@ -159,33 +159,28 @@ def native_runs(inputs: tuple[torch.Tensor, ...]) -> bool:
 
 
 def _run(fn: Callable[..., tuple[torch.Tensor, ...]], inputs: tuple[torch.Tensor, ...], graphs: GraphCache | None,
-         native_unroll: bool = False, laid_out: tuple[torch.Tensor, torch.Tensor] | None = None
-         ) -> tuple[torch.Tensor, ...]:
+         native_unroll: bool = False) -> tuple[torch.Tensor, ...]:
     """unroll_forward or unroll_backward over inputs: replayed by `graphs` where given (CUDA); on a CPU by lbc.native's
     C++ where native_unroll asks for it and it runs (native_runs), else as TorchScript compiled it (on_cpu); eagerly
-    on a GPU without graphs. `laid_out`: the bfloat16 hidden weight W and W^T laid out for oneDNN
-    (lbc.packed_linear.laid_out), for lbc.native's products with W (the same values)."""
+    on a GPU without graphs."""
     if graphs is not None:
         return graphs.run(fn, inputs)
     if inputs[0].is_cuda:
         return fn(*inputs)
     if native_unroll and native_runs(inputs):
         forward, backward = native.ln_lstm_ops()
-        if fn is unroll_forward:
-            return tuple(forward(*inputs, EPS, None if laid_out is None else laid_out[0]))
-        return tuple(backward(*inputs, None if laid_out is None else laid_out[1]))
+        return tuple(forward(*inputs, EPS) if fn is unroll_forward else backward(*inputs))
     return on_cpu(fn)(*inputs)
 
 
 class _Unroll(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, graphs: GraphCache | None, native_unroll: bool,   # noqa: ANN001
-                laid_out: tuple[torch.Tensor, torch.Tensor] | None, *inputs: torch.Tensor
+    def forward(ctx, graphs: GraphCache | None, native_unroll: bool, *inputs: torch.Tensor   # noqa: ANN001
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        results = _run(unroll_forward, inputs, graphs, native_unroll, laid_out)
+        results = _run(unroll_forward, inputs, graphs, native_unroll)
         keep, weights = inputs[1], inputs[4:]
-        ctx.graphs, ctx.native_unroll, ctx.laid_out = graphs, native_unroll, laid_out
+        ctx.graphs, ctx.native_unroll = graphs, native_unroll
         ctx.save_for_backward(keep, *weights, *results[3:])
         return results[:3]
 
@@ -193,8 +188,8 @@ class _Unroll(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:   # noqa: ANN001
         inputs = (*grads, *ctx.saved_tensors)
-        d_xs, dh, dc, *d_weights = _run(unroll_backward, inputs, ctx.graphs, ctx.native_unroll, ctx.laid_out)
-        return None, None, None, d_xs, None, dh, dc, *d_weights
+        d_xs, dh, dc, *d_weights = _run(unroll_backward, inputs, ctx.graphs, ctx.native_unroll)
+        return None, None, d_xs, None, dh, dc, *d_weights
 
 
 class GraphCache:
@@ -244,19 +239,15 @@ class GraphCache:
 
 def ln_lstm_steps_bptt(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
                        hidden_weight: torch.Tensor, hidden_gain: torch.Tensor, cell_gain: torch.Tensor,
-                       cell_bias: torch.Tensor, graphs: GraphCache | None = None, native_unroll: bool = False,
-                       laid_out: tuple[torch.Tensor, torch.Tensor] | None = None
+                       cell_bias: torch.Tensor, graphs: GraphCache | None = None, native_unroll: bool = False
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """lbc.nets.ln_lstm_steps (the same arguments and results: every step's h [T, B, H] and the last (h, c)) with
     the backward above, outside autocast. Float tensors of one dtype, but for hidden_weight, which may be in a
     lower one (bfloat16) for the recurrent products: LayerNormLSTM's unroll under autocast passes it cast once,
     where autocast would cast it at every step and its gradient back at every step. With `graphs` (CUDA
     tensors only) the forward and the backward replay CUDA graphs; with native_unroll (CPU tensors) they run
-    lbc.native's C++ where it is built and loads (native_runs): the same equations (decision 90), its products with
-    a bfloat16 hidden weight on `laid_out` (W and W^T laid out for oneDNN, lbc.packed_linear) where given: the same
-    values (decision 98)."""
-    return _Unroll.apply(graphs, native_unroll, laid_out, xs, keep, h, c, hidden_weight, hidden_gain, cell_gain,
-                         cell_bias)
+    lbc.native's C++ where it is built and loads (native_runs): the same equations (decision 90)."""
+    return _Unroll.apply(graphs, native_unroll, xs, keep, h, c, hidden_weight, hidden_gain, cell_gain, cell_bias)
 
 
 def forward_by_graphs(graphs: GraphCache, xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor,

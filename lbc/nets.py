@@ -16,14 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from lbc import native
-from lbc import packed_linear as lbc_packed_linear
 from lbc.blocked_conv import StridedConv2d, block_size
 from lbc.family import family_traits
 from lbc.frame_stacks import observations, stack_keep
 from lbc.lstm_bptt import EPS as LN_EPS
 from lbc.lstm_bptt import GraphCache, forward_by_graphs, ln_lstm_steps_bptt
 from lbc.ngu_nets import NguAgent, NguAux
-from lbc.packed_linear import Linear, laid_out, linear
 from lbc.recycling import Link, dormant_scores, recycle, unit_activity
 from lbc.torsos import resolve_torso, torso_problem
 
@@ -398,7 +396,7 @@ class _ConvTorso(nn.Module):
         self.convs = convs
         with torch.no_grad():
             n = self.convs(torch.zeros(1, *obs_shape)).shape[-1]
-        self.fc = nn.Sequential(Linear(n, hidden), nn.ReLU())
+        self.fc = nn.Sequential(nn.Linear(n, hidden), nn.ReLU())
         self.memory_format = torch.contiguous_format
 
     def forward(self, x: torch.Tensor | Frames) -> torch.Tensor:
@@ -522,7 +520,7 @@ class MlpTorso(nn.Module):
         n = 1
         for d in obs_shape:
             n *= d
-        self.net = nn.Sequential(nn.Flatten(), Linear(n, hidden), nn.ReLU(), Linear(hidden, hidden), nn.ReLU())
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(n, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -550,7 +548,7 @@ class LayerNormLSTM(nn.Module):
     def __init__(self, input_size: int, hidden_size: int) -> None:
         super().__init__()
         self.hidden_size = hidden_size
-        self.input_proj = Linear(input_size, 4 * hidden_size, bias=False)
+        self.input_proj = nn.Linear(input_size, 4 * hidden_size, bias=False)
         self.hidden_proj = nn.Linear(hidden_size, 4 * hidden_size, bias=False)
         self.input_norm = nn.LayerNorm(4 * hidden_size)
         self.hidden_norm = nn.LayerNorm(4 * hidden_size, bias=False)
@@ -561,7 +559,6 @@ class LayerNormLSTM(nn.Module):
         self.compiled = False   # compile_unroll: the recurrence as torch.compile's fused kernels, in chunks of steps
         self.graphs: GraphCache | None = None   # graph_unroll: on a GPU, the unroll as CUDA graphs
         self.native = False   # native_unroll: on a CPU, the unroll that trains by lbc.native's C++
-        self.packed = True   # the plain steps' recurrent product on a laid-out weight (lbc.packed_linear)
 
     def compile_unroll(self) -> None:
         """Unroll the recurrence through torch.compile's kernels for ln_lstm_steps, COMPILED_STEPS steps per
@@ -593,13 +590,13 @@ class LayerNormLSTM(nn.Module):
             device = xs.device.type
             low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
             if low is not None and (trains or weights[0].dtype != low):
-                out, h, c = self._mixed_unroll(xs, keep, h, c, weights, low, self.native, self.packed)
+                out, h, c = self._mixed_unroll(xs, keep, h, c, weights, low, self.native)
             elif trains or (self.native and not xs.is_cuda):   # a float32 learner's burn-in and target network too
                 out, h, c = ln_lstm_steps_bptt(xs, keep, h, c, *weights, graphs=graphs, native_unroll=self.native)
             elif graphs and low is None:
                 out, h, c = forward_by_graphs(graphs, xs, keep, h, c, *weights)
             else:
-                out, h, c = ln_lstm_steps(xs, keep, h, c, *weights, product=linear if self.packed else F.linear)
+                out, h, c = ln_lstm_steps(xs, keep, h, c, *weights)
             return out, (h, c)
         # whole chunks through the one graph (the chunk's length is part of it), the remainder eagerly
         whole = x.shape[0] - x.shape[0] % COMPILED_STEPS
@@ -612,21 +609,17 @@ class LayerNormLSTM(nn.Module):
 
     @staticmethod
     def _mixed_unroll(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
-                      weights: tuple[torch.Tensor, ...], low: torch.dtype, native_unroll: bool = False,
-                      packed: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      weights: tuple[torch.Tensor, ...], low: torch.dtype, native_unroll: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The unroll under autocast (the learner's; an actor's network keeps its weights in `low` already):
         lbc.lstm_bptt's forward and written-out backward with the recurrent products in autocast's dtype `low`
         and the hidden weight cast once an unroll, where autocast without its cache (as the learner runs it)
         casts it forward and its gradient back at every step (52 casts in a `cpu` learner step); the rest in
         the state's float32, where autocast ran the gates in bfloat16 (decision 82). Eagerly: CUDA graphs
-        replay the float32 unroll only. With `packed` lbc.native's products read the bfloat16 hidden weight laid out
-        for oneDNN once per value of the weight (lbc.packed_linear; decision 98)."""
-        lays_out = (packed and native_unroll and low == torch.bfloat16 and not xs.is_cuda
-                    and lbc_packed_linear.available())
-        laid = (laid_out(weights[0]), laid_out(weights[0], transposed=True)) if lays_out else None
+        replay the float32 unroll only."""
         with torch.autocast(xs.device.type, enabled=False):
             return ln_lstm_steps_bptt(xs.to(h.dtype), keep.to(h.dtype), h, c, weights[0].to(low), *weights[1:],
-                                      native_unroll=native_unroll, laid_out=laid)
+                                      native_unroll=native_unroll)
 
     @property
     def input_weight(self) -> nn.Parameter:
@@ -635,15 +628,13 @@ class LayerNormLSTM(nn.Module):
 
 
 def ln_lstm_step(x_t: torch.Tensor, keep_t: torch.Tensor, h: torch.Tensor, c: torch.Tensor, hidden_weight: torch.Tensor,
-                 hidden_gain: torch.Tensor, cell_gain: torch.Tensor, cell_bias: torch.Tensor,
-                 product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear
+                 hidden_gain: torch.Tensor, cell_gain: torch.Tensor, cell_bias: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """One step of LayerNormLSTM from the step's normalised input projection x_t [B, 4H] (eq. 20-22 above):
     the state reset where keep_t [B, 1] is 0, the hidden projection normalised (gain, no bias), the gates, and
-    the new (h, c). LayerNorm's epsilon is nn.LayerNorm's default, as the module's norms have. `product(h, W)` is
-    h W^T: F.linear, or lbc.packed_linear.linear (the same values) for an actor's pass."""
+    the new (h, c). LayerNorm's epsilon is nn.LayerNorm's default, as the module's norms have."""
     h, c = h * keep_t, c * keep_t
-    gates = x_t + F.layer_norm(product(h, hidden_weight), hidden_gain.shape, hidden_gain, None, LN_EPS)
+    gates = x_t + F.layer_norm(F.linear(h, hidden_weight), hidden_gain.shape, hidden_gain, None, LN_EPS)
     # one sigmoid over all four gates (g's is not used): three fewer launches a step where launching bounds
     i, f, _, o = torch.sigmoid(gates).chunk(4, dim=-1)
     g = torch.tanh(gates.chunk(4, dim=-1)[2])
@@ -652,8 +643,7 @@ def ln_lstm_step(x_t: torch.Tensor, keep_t: torch.Tensor, h: torch.Tensor, c: to
     return h, c
 
 
-def ln_lstm_steps(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor, *weights: torch.Tensor,
-                  product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear
+def ln_lstm_steps(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torch.Tensor, *weights: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ln_lstm_step over the steps of xs [T, B, 4H] and keep [T, B, 1] from (h, c): every step's h [T, B, H] and
     the last (h, c). `weights` as ln_lstm_step's (hidden_weight, hidden_gain, cell_gain, cell_bias)."""
@@ -661,7 +651,7 @@ def ln_lstm_steps(xs: torch.Tensor, keep: torch.Tensor, h: torch.Tensor, c: torc
     # unbind, not xs[t]: each step's slice would hand back a gradient the size of all of xs, and T of them summed
     # cost an `impala` learner step 5 ms on one core; unbind's gradient is one stack of the steps'
     for x_t, keep_t in zip(xs.unbind(0), keep.unbind(0), strict=True):
-        h, c = ln_lstm_step(x_t, keep_t, h, c, *weights, product=product)
+        h, c = ln_lstm_step(x_t, keep_t, h, c, *weights)
         outs.append(h)
     return torch.stack(outs), h, c
 
@@ -762,7 +752,7 @@ class LBCNet(nn.Module):
         else:
             self.core = CORES[core](hidden + num_actions + 1 + extra_inputs, lstm)
             core_out = lstm
-        self.heads = Linear(core_out, num_policies * (num_actions + 1))
+        self.heads = nn.Linear(core_out, num_policies * (num_actions + 1))
 
     def set_channels_last(self, enabled: bool) -> LBCNet:
         """Run the convolutional torso in NHWC layout (faster training, slower small-batch inference)."""
@@ -770,18 +760,6 @@ class LBCNet(nn.Module):
             self.torso.memory_format = torch.channels_last if enabled else torch.contiguous_format
             self.torso.convs.to(memory_format=self.torso.memory_format)
         return self
-
-    def set_packed_linears(self, enabled: bool) -> LBCNet:
-        """Passes without a gradient on a CPU read each linear layer's bfloat16 weight laid out for oneDNN once per
-        value of the weight (lbc.packed_linear, decision 98: the same values), or laid out at every call."""
-        for module in self.modules():
-            if isinstance(module, Linear | LayerNormLSTM):
-                module.packed = enabled
-        return self
-
-    def packs_linears(self) -> bool:
-        """Whether set_packed_linears is on and this torch can (for logs and bench.throughput's levers)."""
-        return self.heads.packed and lbc_packed_linear.available()
 
     def set_frame_blocks(self, enabled: bool, native_stacks: bool = False) -> LBCNet:
         """Read a batch's frames (sequence_input) in blocks of the first convolution's stride where that convolution

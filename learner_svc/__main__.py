@@ -130,9 +130,6 @@ def main(argv: list[str] | None = None) -> int:
         log.info("frames read in %dx%d blocks, the first convolution a stride-1 one over them (learner.frame_blocks); "
                  "their stacks written by %s (learner.native_stacks)", blocks, blocks,
                  "lbc.native" if natively else "torch")
-    if trainer.device.type == "cpu" and trainer.precision == "bf16" and trainer.model.packs_linears():
-        log.info("passes without a gradient read the linear layers' bfloat16 weights laid out once per value "
-                 "(learner.packed_linears)")
 
     last_log = time.monotonic()
     steps = training_steps(cfg, trainer, fetcher, stop, log)

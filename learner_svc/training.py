@@ -99,7 +99,7 @@ class Trainer:
         self.agent = build_agent(cfg, spec.obs_shape, spec.num_actions).to(self.device)
         lc = cfg.learner
         self.model: LBCNet = policy_net(self.agent).set_channels_last(True)
-        self.model.set_frame_blocks(lc.frame_blocks, lc.native_stacks).set_packed_linears(lc.packed_linears)
+        self.model.set_frame_blocks(lc.frame_blocks, lc.native_stacks)
         if lc.cuda_graphs and self.device.type != "cuda":
             raise SystemExit("learner.cuda_graphs needs a GPU learner, and learner.device=auto found no GPU")
         native_unroll = unrolls_natively(cfg, self.device)

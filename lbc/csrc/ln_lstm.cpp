@@ -4,8 +4,6 @@
 // but for the hidden weight, float32 or bfloat16 (the bf16 learner's); the products' inputs and results rounded to
 // its dtype as torch.mm rounds them. Built by `python -m lbc.native` (make install); loaded by lbc.native.
 #include <ATen/core/Tensor.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
@@ -14,8 +12,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <optional>
-#include <string>
 #include <vector>
 
 namespace {
@@ -50,21 +46,9 @@ inline void moments(const float* x, int64_t n, double eps, float* mean, float* r
   *rstd = 1.0f / std::sqrt(sq / static_cast<float>(n) + static_cast<float>(eps));
 }
 
-// x W^T for x [B, K] in bfloat16 and a weight W laid out by mkldnn::_reorder_linear_weight (lbc.packed_linear):
-// the sums torch.mm computes, without oneDNN laying W out again at each call
-Tensor laid_out_product(const Tensor& x, const Tensor& laid_out) {
-  static const c10::OperatorHandle op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
-  torch::jit::Stack stack{x, laid_out, c10::IValue(), std::string("none"), c10::List<std::optional<at::Scalar>>(),
-                          std::string("")};
-  op.callBoxed(&stack);
-  return stack[0].toTensor();
-}
-
 std::vector<Tensor> unroll_forward(const Tensor& xs_in, const Tensor& keep_in, const Tensor& h0, const Tensor& c0,
                                    const Tensor& hidden_weight, const Tensor& hidden_gain_in,
-                                   const Tensor& cell_gain_in, const Tensor& cell_bias_in, double eps,
-                                   const std::optional<Tensor>& laid_out) {
+                                   const Tensor& cell_gain_in, const Tensor& cell_bias_in, double eps) {
   for (const Tensor* t : {&xs_in, &keep_in, &h0, &c0, &hidden_gain_in, &cell_gain_in, &cell_bias_in})
     TORCH_CHECK(t->scalar_type() == at::kFloat, "ln_lstm_forward: float32 tensors but for the hidden weight");
   TORCH_CHECK(hidden_weight.scalar_type() == at::kFloat || hidden_weight.scalar_type() == at::kBFloat16,
@@ -79,7 +63,6 @@ std::vector<Tensor> unroll_forward(const Tensor& xs_in, const Tensor& keep_in, c
               "ln_lstm_forward: keep [T, B, 1], h and c [B, H], hidden_weight [4H, H]");
   const auto f32 = xs.options();
   const bool mixed = hidden_weight.scalar_type() != at::kFloat;
-  TORCH_CHECK(!laid_out.has_value() || mixed, "ln_lstm_forward: a laid-out weight for a bfloat16 hidden weight");
   // what unroll_backward reads, as unroll_forward keeps it: the reset state (h' in the product's dtype), W h',
   // the activations (sigma of i, f, o and tanh of g), the cells, tanh of their norm, and both norms' statistics
   Tensor kept_h = at::empty({steps, batch, size}, f32.dtype(hidden_weight.scalar_type()));
@@ -117,10 +100,7 @@ std::vector<Tensor> unroll_forward(const Tensor& xs_in, const Tensor& keep_in, c
     // p_t = W h': in bfloat16 as torch.mm computes and rounds it, then kept in float32 as unroll_forward keeps it
     float* pt = projected.data_ptr<float>() + t * batch * gates;
     if (mixed) {
-      if (laid_out.has_value())
-        scratch = laid_out_product(kept_h.select(0, t), *laid_out);
-      else
-        at::mm_out(scratch, kept_h.select(0, t), weight_t);
+      at::mm_out(scratch, kept_h.select(0, t), weight_t);
       const auto* s16 = reinterpret_cast<const uint16_t*>(scratch.data_ptr<at::BFloat16>());
 #pragma omp simd
       for (int64_t j = 0; j < batch * gates; ++j) pt[j] = from_bf16(s16[j]);
@@ -199,8 +179,7 @@ std::vector<Tensor> unroll_backward(const Tensor& d_out_in, const Tensor& d_h, c
                                     const Tensor& /*cell_bias*/, const Tensor& kept_h, const Tensor& kept_c_in,
                                     const Tensor& projected_in, const Tensor& acts_in, const Tensor& cells_in,
                                     const Tensor& tanh_cells_in, const Tensor& p_mean_in, const Tensor& p_rstd_in,
-                                    const Tensor& c_mean_in, const Tensor& c_rstd_in,
-                                    const std::optional<Tensor>& laid_out_t) {
+                                    const Tensor& c_mean_in, const Tensor& c_rstd_in) {
   for (const Tensor* t : {&d_out_in, &keep_in, &kept_c_in, &projected_in, &acts_in, &cells_in, &tanh_cells_in})
     TORCH_CHECK(t->scalar_type() == at::kFloat, "ln_lstm_backward: float32 tensors but for the hidden weight");
   TORCH_CHECK(kept_h.scalar_type() == hidden_weight.scalar_type(), "ln_lstm_backward: kept_h in the weight's dtype");
@@ -215,7 +194,6 @@ std::vector<Tensor> unroll_backward(const Tensor& d_out_in, const Tensor& d_h, c
               "ln_lstm_backward: the shapes unroll_forward gives");
   const auto f32 = projected.options();
   const bool mixed = hidden_weight.scalar_type() != at::kFloat;
-  TORCH_CHECK(!laid_out_t.has_value() || mixed, "ln_lstm_backward: a laid-out weight for a bfloat16 hidden weight");
   Tensor d_gates = at::empty({steps, batch, gates}, f32);
   Tensor d_projected = at::empty({steps, batch, gates}, f32.dtype(hidden_weight.scalar_type()));
   Tensor d_hidden_gain = at::zeros({gates}, f32), d_cell_gain = at::zeros({size}, f32),
@@ -276,10 +254,7 @@ std::vector<Tensor> unroll_backward(const Tensor& d_out_in, const Tensor& d_h, c
     }
     // dh for step t - 1: (W^T dp_t) keep_t, the product in the weight's dtype as unroll_backward's
     if (mixed) {
-      if (laid_out_t.has_value())
-        back = laid_out_product(d_projected.select(0, t), *laid_out_t);
-      else
-        at::mm_out(back, d_projected.select(0, t), hidden_weight);
+      at::mm_out(back, d_projected.select(0, t), hidden_weight);
       const auto* r16 = reinterpret_cast<const uint16_t*>(back.data_ptr<at::BFloat16>());
       for (int64_t b = 0; b < batch; ++b) {
         const float kb = k[b];
@@ -305,20 +280,14 @@ std::vector<Tensor> unroll_backward(const Tensor& d_out_in, const Tensor& d_h, c
 
 TORCH_LIBRARY(lbc_native, m) {
   m.def("ln_lstm_forward(Tensor xs, Tensor keep, Tensor h, Tensor c, Tensor hidden_weight, Tensor hidden_gain, "
-        "Tensor cell_gain, Tensor cell_bias, float eps, Tensor? laid_out=None) -> Tensor[]");
+        "Tensor cell_gain, Tensor cell_bias, float eps) -> Tensor[]");
   m.def("ln_lstm_backward(Tensor d_out, Tensor d_h, Tensor d_c, Tensor keep, Tensor hidden_weight, "
         "Tensor hidden_gain, Tensor cell_gain, Tensor cell_bias, Tensor kept_h, Tensor kept_c, Tensor projected, "
         "Tensor acts, Tensor cells, Tensor tanh_cells, Tensor p_mean, Tensor p_rstd, Tensor c_mean, "
-        "Tensor c_rstd, Tensor? laid_out_t=None) -> Tensor[]");
+        "Tensor c_rstd) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(lbc_native, CPU, m) {
-  m.impl("ln_lstm_forward", unroll_forward);
-  m.impl("ln_lstm_backward", unroll_backward);
-}
-
-// a laid-out weight is a oneDNN tensor, whose dispatch key the call takes
-TORCH_LIBRARY_IMPL(lbc_native, MkldnnCPU, m) {
   m.impl("ln_lstm_forward", unroll_forward);
   m.impl("ln_lstm_backward", unroll_backward);
 }

@@ -331,7 +331,6 @@ def test_the_learner_levers_measure_what_the_preset_does_not_run():
     scripted = "learner.native_unroll=false"
     plain = "learner.frame_blocks=false"
     torchs = "learner.native_stacks=false"
-    per_call = "learner.packed_linears=false"
     assert learner_levers(load_config("cpu", ["learner.precision=fp32", scripted, plain])) == {
         "batches prepared ahead": ("learner", ["learner.prepare_ahead=True"]),
         "target outputs not kept": ("learner", ["learner.target_cache=false"])}
@@ -346,12 +345,6 @@ def test_the_learner_levers_measure_what_the_preset_does_not_run():
     assert learner_levers(load_config("impala", ["learner.precision=fp32"]))["LSTM by TorchScript"] == (
         "learner", [scripted])
     assert "LSTM by TorchScript" not in learner_levers(load_config("impala-cpu", []))
-    # a bf16 CPU learner lays its linear weights out once (decision 98): laid out at each product, read backwards;
-    # no row in float32 (it always lays them out at each product) or set so already
-    assert learner_levers(load_config("cpu", ["learner.precision=bf16"]))["weights laid out at each product"] == (
-        "learner", [per_call])
-    for settings in (["learner.precision=fp32"], ["learner.precision=bf16", per_call]):
-        assert "weights laid out at each product" not in learner_levers(load_config("cpu", settings))
     # on a CPU both read their frames in blocks, in bf16 (decision 83) and float32 (decision 92), read backwards; a
     # deep torso cannot
     for precision in ("bf16", "fp32"):
@@ -378,23 +371,16 @@ def test_the_actor_levers_measure_the_stacks_read_whole_and_the_ring_pushed_by_t
     torch's passes no row for them."""
     from bench.throughput import actor_levers
 
-    per_call = "actor.packed_linears=false"
     for precision in ("bf16", "fp32"):
-        assert actor_levers(load_config("impala", [f"actor.precision={precision}", per_call])) == {
+        assert actor_levers(load_config("impala", [f"actor.precision={precision}"])) == {
             "stacks read whole": ("inference", ["actor.frame_ring=false"]),
             "ring pushed by torch's passes": ("inference", ["actor.native_ring=false"])}
         assert "stacks read whole" in actor_levers(load_config("cpu", [f"actor.precision={precision}"]))
-    assert actor_levers(load_config("cpu", ["actor.native_ring=false", per_call])) == {
+    assert actor_levers(load_config("cpu", ["actor.native_ring=false"])) == {
         "stacks read whole": ("inference", ["actor.frame_ring=false"])}
     for off in (["actor.precision=fp32", "actor.frame_ring=false"], ["actor.precision=bf16", "actor.frame_ring=false"],
                 ["actor.precision=bf16", "net.torso=deep"]):
-        assert actor_levers(load_config("cpu", [*off, per_call])) == {}, off
-    # a bf16 actor lays its linear weights out once (decision 98), whatever its torso and ring: at each product,
-    # read backwards; a float32 one has no row
-    laid_out = {"acting weights laid out at each product": ("inference", [per_call])}
-    for settings in (["actor.frame_ring=false"], ["net.torso=deep"]):
-        assert actor_levers(load_config("cpu", ["actor.precision=bf16", *settings])) == laid_out
-    assert actor_levers(load_config("cpu", ["actor.precision=fp32", "actor.frame_ring=false"])) == {}
+        assert actor_levers(load_config("cpu", off)) == {}, off
 
 
 def test_the_games_lever_measures_screens_resized_by_ale_where_lbc_native_resizes_them():
