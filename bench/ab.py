@@ -90,14 +90,16 @@ def window_figures(e2e: dict, frames_per_step: int) -> dict[str, float]:
     """What bench.ab compares of one end_to_end window: frames/s, the frames/s the learner's steps kept up with,
     and CPU milliseconds an agent step (all services, the learner, the actors but the evaluator, the evaluator:
     what its evaluations cost, in proportion to how many it finishes a frame), with the actors' inference a loop
-    where they ran it locally, and the cores the hypervisor took in the window (steal time: a round whose arm ran
-    while the host took more is slower for it)."""
+    where they ran it locally, the share of the window the learner's busiest thread waited for a core (runnable,
+    its neighbours on both: bench.cpu_use.busiest_threads), and the cores the hypervisor took in the window (steal
+    time: a round whose arm ran while the host took more is slower for it)."""
     agent_steps = e2e["frames_per_s"] / frames_per_step
     ms = ms_by_role(cores_by_service(*e2e["cpu"], e2e["seconds"]), agent_steps or float("nan"))
     return {"frames_per_s": e2e["frames_per_s"], "cpu_ms_per_agent_step": ms["all services"],
             "learner_ms_per_agent_step": ms["learner"], "actors_ms_per_agent_step": ms["actors"],
             "evaluator_ms_per_agent_step": ms["evaluator"],
             "inference_ms_per_loop": e2e["actor_loop_ms"].get("inference", float("nan")),
+            "learner_core_wait": e2e.get("threads", {}).get("learner_svc", (float("nan"),) * 2)[1],
             "stolen_cores": e2e["stolen_cores"]}
 
 
@@ -106,7 +108,8 @@ def window_figures(e2e: dict, frames_per_step: int) -> dict[str, float]:
 SYSTEM_FIGURES = {"frames_per_s": ("frames/s", "{:,.0f}"), "cpu_ms_per_agent_step": ("CPU ms/step", "{:.3f}"),
                   "learner_ms_per_agent_step": ("learner", "{:.3f}"), "actors_ms_per_agent_step": ("actors", "{:.3f}"),
                   "evaluator_ms_per_agent_step": ("evaluator", "{:.3f}"),
-                  "inference_ms_per_loop": ("inference ms/loop", "{:.2f}"), "stolen_cores": ("stolen", "{:.2f}")}
+                  "inference_ms_per_loop": ("inference ms/loop", "{:.2f}"),
+                  "learner_core_wait": ("learner waits for a core", "{:.2f}"), "stolen_cores": ("stolen", "{:.2f}")}
 STAGE_FIGURES = {"samples_per_cpu_s": ("samples/CPU-s", "{:,.0f}"), "cpu_ms_per_step": ("CPU ms/step", "{:.2f}")}
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import psutil
 
@@ -33,6 +34,47 @@ def service_cpu_seconds(root_pid: int) -> dict[str, float]:
             continue
         seconds[name] += times.user + times.system
     return dict(seconds)
+
+
+def service_thread_seconds(root_pid: int) -> dict[str, dict[int, tuple[float, float]]]:
+    """Per service (as service_cpu_seconds names them), each thread's seconds so far on a core and waiting on a run
+    queue (runnable, no core free for it), from the kernel's /proc/<pid>/task/<tid>/schedstat: the second says
+    whether a thread that bounds the system waits for its neighbours' cores. Empty where the kernel keeps no
+    schedstat (not Linux, or built without CONFIG_SCHED_INFO); threads and processes that end meanwhile are
+    skipped."""
+    root = psutil.Process(root_pid)
+    threads: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
+    for proc in (root, *root.children(recursive=True)):
+        try:
+            name = service_name(" ".join(proc.cmdline()))
+            tasks = list(Path(f"/proc/{proc.pid}/task").iterdir())
+        except (psutil.NoSuchProcess, OSError):
+            continue
+        for task in tasks:
+            try:
+                ran_ns, waited_ns = (int(x) for x in (task / "schedstat").read_text().split()[:2])
+            except (OSError, ValueError):
+                continue
+            threads[name][int(task.name)] = (ran_ns * 1e-9, waited_ns * 1e-9)
+    return dict(threads)
+
+
+def busiest_threads(start: dict[str, dict[int, tuple[float, float]]], end: dict[str, dict[int, tuple[float, float]]],
+                    seconds: float) -> dict[str, tuple[float, float]]:
+    """Per service, its busiest thread between two service_thread_seconds readings `seconds` apart: (the share of
+    the window it ran, the share it waited for a core). A thread that bounds the system and waits for a core
+    loses that share of the system's speed to its neighbours; one that neither runs nor waits is asleep
+    (waiting for data, a lock, the network)."""
+    busiest: dict[str, tuple[float, float]] = {}
+    for name, threads in end.items():
+        before = start.get(name, {})
+        shares = []
+        for tid, (ran, waited) in threads.items():
+            ran_before, waited_before = before.get(tid, (0.0, 0.0))   # a thread started within the window: from 0
+            shares.append(((ran - ran_before) / seconds, (waited - waited_before) / seconds))
+        if shares:
+            busiest[name] = max(shares)
+    return busiest
 
 
 def stolen_seconds() -> float:
@@ -61,15 +103,20 @@ def cores_by_service(start: dict[str, float], end: dict[str, float], seconds: fl
 
 
 def cpu_table(start: dict[str, float], end: dict[str, float], seconds: float, agent_steps_per_s: float,
-              cores: int, stolen: float = 0.0) -> list[str]:
+              cores: int, stolen: float = 0.0, threads: dict[str, tuple[float, float]] | None = None) -> list[str]:
     """Per service, the cores it kept busy between two service_cpu_seconds readings `seconds` apart and its
-    CPU milliseconds per agent step at `agent_steps_per_s`; then the total, the cores the hypervisor took
+    CPU milliseconds per agent step at `agent_steps_per_s`, with `threads` (busiest_threads) the share of the
+    window its busiest thread ran and waited for a core; then the total, the cores the hypervisor took
     (`stolen`, in cores over the same window) and the cores left idle."""
     used = cores_by_service(start, end, seconds)
-    rows = ["service                   cores busy   CPU ms per agent step"]
+    rows = ["service                   cores busy   CPU ms per agent step"
+            + ("   busiest thread: ran, waited for a core" if threads else "")]
     for name, busy in sorted(used.items(), key=lambda item: -item[1]):
         if busy >= SHOWN_CORES:
-            rows.append(f"{name:24} {busy:10.2f} {busy / agent_steps_per_s * 1e3:16.3f}")
+            row = f"{name:24} {busy:10.2f} {busy / agent_steps_per_s * 1e3:16.3f}"
+            if threads and name in threads:
+                row += f"   {threads[name][0]:17.2f} {threads[name][1]:6.2f}"
+            rows.append(row)
     total = sum(used.values())
     rows.append(f"{'all services':24} {total:10.2f} {total / agent_steps_per_s * 1e3:16.3f}")
     if stolen > 0.0:

@@ -13,6 +13,8 @@ The record is a plain dict filled as the benchmark goes (keys below); only what 
   end_to_end: [{actors, frames_per_s, learner_steps_per_s, learner_bound_frames_per_s, lag, held, waited, ...}]
   actors (the end-to-end run the rest is of), ratio, learner_step_ms, actor_loop_ms, inference_passes,
   cpu: {service: cores}, agent_steps_per_s, stolen_cores (the window's steal time, in cores; from session 66)
+  busiest_threads: {service: [share of the window its busiest thread ran, share it waited for a core]} (from
+                   session 71; empty where the kernel keeps no schedstat)
   ceiling_gap_ms: {part: CPU ms an agent step} (a CPU learner: bench.cpu_use.ceiling_gap, the ratio's parts)
   other_inference: {inference, frames_per_s, x}
   stages_after: {environment_agent_steps_per_s, inference_samples_per_s, learner_samples_per_s,

@@ -9,12 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from bench.cpu_use import service_cpu_seconds, stolen_seconds
+from bench.cpu_use import busiest_threads, service_cpu_seconds, service_thread_seconds, stolen_seconds
 from bench.spy import profile_lines
 from lbc.config import Endpoints, load_config
 from lbc.launch import scrape, value
@@ -42,9 +42,11 @@ def end_to_end(preset: str, game: str, actors: int, seconds: float, warmup: floa
     """The whole system under the launcher: frames/s and learner steps/s over `seconds` after `warmup` seconds of
     the system up (every service answering at its metrics port), each service's CPU seconds at the window's start
     and end ("cpu", over "seconds", for bench.cpu_use.cpu_table), the cores the hypervisor took meanwhile
-    ("stolen_cores", steal time), all read from the services themselves at the same two moments; with `profile`,
-    py-spy's table of where each service thread spends and waits (bench.spy) under "profile", sampled after that
-    window so that the sampler's own CPU (a tenth to a fifth of a core) does not count against the figures. With
+    ("stolen_cores", steal time), each service's busiest thread's shares of the window running and waiting for a
+    core ("threads", bench.cpu_use.busiest_threads), all read from the services themselves at the same two
+    moments; with `profile`, py-spy's table of where each service thread spends and waits (bench.spy) under
+    "profile", sampled after that window so that the sampler's own CPU (a tenth to a fifth of a core) does not
+    count against the figures. With
     `cwd` the system runs from that checkout of lbc (its services import its code; bench.ab's LABEL@DIR arms), its
     run folder there."""
     name = f"bench-{preset}-{game}"
@@ -105,6 +107,7 @@ def _window(launcher: subprocess.Popen, argv: list[str], run_dir: Path, preset: 
     return {"frames_per_s": frames_per_s, "learner_steps_per_s": steps_per_s, "seconds": end.time - start.time,
             "lag": end.lag, "profile": table, "cpu": (start.cpu, end.cpu),
             "stolen_cores": (end.stolen - start.stolen) / (end.time - start.time),
+            "threads": busiest_threads(start.threads, end.threads, end.time - start.time),
             "target_repeats": _share(start.target_cache, end.target_cache),
             "waits": replay_waits(start.replay_waits, end.replay_waits, end.time - start.time),
             "learner_step_ms": learner_step_split(start, end),
@@ -126,6 +129,7 @@ class SystemReading:
     actor_seconds: tuple[float, ...]     # ACTOR_SECONDS, summed over the actors
     inference: tuple[float, ...] = ()    # INFERENCE_COUNTS of the inference service (actor.inference=remote)
     stolen: float = 0.0                  # CPU seconds the hypervisor took from the machine (bench.cpu_use)
+    threads: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)   # service_thread_seconds
 
 
 class NotUp(RuntimeError):
@@ -157,7 +161,7 @@ def _wait_until_up(launcher: subprocess.Popen, run_dir: Path, endpoints: Endpoin
 
 def _system_reading(launcher_pid: int, endpoints: Endpoints, actors: int, remote: bool = False) -> SystemReading:
     before = time.perf_counter()
-    cpu, stolen = service_cpu_seconds(launcher_pid), stolen_seconds()
+    cpu, stolen, threads = service_cpu_seconds(launcher_pid), stolen_seconds(), service_thread_seconds(launcher_pid)
     actor_metrics = [scrape(endpoints.actor_metrics_base + i, timeout=5.0) for i in range(actors)]
     actor_frames = [value(m, "lbc_actor_frames_total") for m in actor_metrics]
     learner = scrape(endpoints.learner_metrics, timeout=5.0)
@@ -174,6 +178,7 @@ def _system_reading(launcher_pid: int, endpoints: Endpoints, actors: int, remote
     return SystemReading(time=(before + time.perf_counter()) / 2, frames=sum(actor_frames),
                          learner_steps=value(learner, "lbc_learner_steps_total"),
                          lag=value(learner, "lbc_learner_policy_lag", stat="mean"), cpu=cpu, stolen=stolen,
+                         threads=threads,
                          target_cache=tuple(value(learner, n) or 0.0 for n in TARGET_CACHE),
                          replay_waits=tuple(value(replay, n) or 0.0 for n in REPLAY_WAITS),
                          learner_seconds={labels["part"]: v for labels, v in learner.get(STEP_SECONDS_NAME, [])},

@@ -862,7 +862,8 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
             preset_fps = e2e["frames_per_s"]
             record |= {"actors": actors, "agent_steps_per_s": achieved, "learner_step_ms": e2e["learner_step_ms"],
                        "actor_loop_ms": e2e["actor_loop_ms"], "inference_passes": e2e["inference_passes"],
-                       "cpu": cores_by_service(*e2e["cpu"], e2e["seconds"]), "stolen_cores": e2e["stolen_cores"]}
+                       "cpu": cores_by_service(*e2e["cpu"], e2e["seconds"]), "stolen_cores": e2e["stolen_cores"],
+                       "busiest_threads": e2e["threads"]}
             if ceiling is not None:
                 record["ratio"] = achieved / ceiling
                 if on_gpu:
@@ -881,7 +882,8 @@ def end_to_end_lines(args: argparse.Namespace, cfg: Config, env: float | None, i
                     print(split_line(what, unit, e2e[key]), flush=True)
             print_inference_passes(e2e["inference_passes"])
             print(f"CPU by service over {e2e['seconds']:.0f} s of that window:", flush=True)
-            for row in cpu_table(*e2e["cpu"], e2e["seconds"], achieved, args.cores, e2e["stolen_cores"]):
+            for row in cpu_table(*e2e["cpu"], e2e["seconds"], achieved, args.cores, e2e["stolen_cores"],
+                                 e2e["threads"]):
                 print(row, flush=True)
             for row in e2e["profile"]:
                 print(row, flush=True)

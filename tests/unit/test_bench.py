@@ -134,6 +134,39 @@ def test_service_cpu_seconds_counts_a_busy_child_under_its_service_name():
     assert after["learner_svc"] - before.get("learner_svc", 0.0) > 0.3
 
 
+def test_busiest_threads_show_two_spinners_on_one_core_waiting_for_it():
+    import time
+
+    from bench.cpu_use import busiest_threads, cpu_table, service_thread_seconds
+    if not Path("/proc/self/task").exists() or not any(Path("/proc/self/task").glob("*/schedstat")):
+        pytest.skip("the kernel keeps no schedstat here")
+    core = min(os.sched_getaffinity(0))
+    # a parent (the launcher's place) that starts two processes of one service, spinning on the same core: each is
+    # always runnable, so between them the core is busy and each waits for it about half of the time
+    spin = (f"import os, time; os.sched_setaffinity(0, {{{core}}}); t = time.process_time(); "
+            "exec('while time.process_time() - t < 3.0: pass')")
+    child = f"subprocess.Popen([sys.executable, '-c', {spin!r}, '-m', 'learner_svc'])"
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; ps = [{child}, {child}]; "
+                               "[p.wait() for p in ps]"])
+    try:
+        time.sleep(1.0)
+        before = service_thread_seconds(parent.pid)
+        time.sleep(1.5)
+        after = service_thread_seconds(parent.pid)
+    finally:
+        parent.wait(timeout=60)
+    ran, waited = busiest_threads(before, after, 1.5)["learner_svc"]
+    assert 0.05 < ran < 0.7, ran
+    assert waited > 0.3, waited
+    assert ran + waited > 0.8   # spinning: never asleep
+    # and a service whose thread started within the window counts it from zero
+    assert busiest_threads({}, {"s": {1: (0.3, 0.2)}}, 1.0) == {"s": pytest.approx((0.3, 0.2))}
+    assert busiest_threads({"s": {1: (0.1, 0.1)}}, {"s": {1: (0.3, 0.2), 2: (0.05, 0.0)}}, 2.0) == {
+        "s": pytest.approx((0.1, 0.05))}
+    rows = cpu_table({"s": 1.0}, {"s": 2.0}, 2.0, 1000.0, cores=2, threads={"s": (0.45, 0.12)})
+    assert "waited for a core" in rows[0] and rows[1].split() == ["s", "0.50", "0.500", "0.45", "0.12"]
+
+
 def _simulated_repeat_share(capacity, inserted, batch, period, periods, seed=0):
     """A FIFO replay by brute force: full at the start, `inserted` new sequences and `batch` distinct uniform
     draws per learner step; the share of draws already drawn since the period's start."""
