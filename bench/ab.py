@@ -10,7 +10,8 @@ the order reversed from the one before (two arms over two rounds: A B B A), and 
   chance (two rounds can never say less than 0.5; eight that all agree, 0.008).
 
 Beside frames/s it prints what drifts less than they do: the CPU all services spend an agent step, the learner's
-and the actors' share of it, and the actors' inference a loop. With --stage learner or --stage inference it
+and the actors' share of it, the actors' inference a loop, and the share of the window the learner's busiest
+thread waited for a core (its neighbours holding both). With --stage learner or --stage inference it
 compares the arms on that stage alone instead (bench.throughput's learner step or acting step, every arm's built
 in this process on one core), in blocks of a second or so of CPU taking turns the same way: samples per CPU
 second, where a setting's cost shows without the rest of the system's noise. Figures, never assertions. Each arm is
