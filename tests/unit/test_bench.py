@@ -112,49 +112,42 @@ def test_ceiling_gap_parts_sum_to_the_windows_cpu_and_give_the_ratio():
     assert ratio_on_cores_left(old) == pytest.approx(0.7)
 
 
-def test_service_cpu_seconds_counts_a_busy_child_under_its_service_name():
-    import subprocess
-    import sys
-    import time
+SPIN_3_S = "t = time.process_time(); exec('while time.process_time() - t < 3.0: pass')"   # 3 s of CPU
 
-    from bench.cpu_use import service_cpu_seconds
-    # a parent that starts a child spinning for 3 s of CPU, as the launcher starts a service
-    spin = "import time; t = time.process_time(); exec('while time.process_time() - t < 3.0: pass')"
-    parent = subprocess.Popen([sys.executable, "-c",
-                               f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spin!r}, "
-                               f"'-m', 'learner_svc'])"])
+
+def _spinning_service_readings(read, spin: str, copies: int, wait: float, window: float) -> tuple:
+    """Two readings of read(pid) `window` seconds apart, `wait` seconds after a parent (the launcher's place) started
+    `copies` processes of one service (`-m learner_svc`), each running `spin`."""
+    import time
+    child = f"subprocess.Popen([sys.executable, '-c', {spin!r}, '-m', 'learner_svc'])"
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; ps = [{', '.join([child] * copies)}]; "
+                               "[p.wait() for p in ps]"])
     try:
-        time.sleep(0.5)
-        before = service_cpu_seconds(parent.pid)
-        time.sleep(1.0)
-        after = service_cpu_seconds(parent.pid)
+        time.sleep(wait)
+        before = read(parent.pid)
+        time.sleep(window)
+        after = read(parent.pid)
     finally:
-        parent.wait(timeout=30)
+        parent.wait(timeout=60)
+    return before, after
+
+
+def test_service_cpu_seconds_counts_a_busy_child_under_its_service_name():
+    from bench.cpu_use import service_cpu_seconds
+    before, after = _spinning_service_readings(service_cpu_seconds, f"import time; {SPIN_3_S}", 1, 0.5, 1.0)
     assert "learner_svc" in after
     assert after["learner_svc"] - before.get("learner_svc", 0.0) > 0.3
 
 
 def test_busiest_threads_show_two_spinners_on_one_core_waiting_for_it():
-    import time
-
     from bench.cpu_use import busiest_threads, cpu_table, service_thread_seconds
     if not Path("/proc/self/task").exists() or not any(Path("/proc/self/task").glob("*/schedstat")):
         pytest.skip("the kernel keeps no schedstat here")
     core = min(os.sched_getaffinity(0))
-    # a parent (the launcher's place) that starts two processes of one service, spinning on the same core: each is
-    # always runnable, so between them the core is busy and each waits for it about half of the time
-    spin = (f"import os, time; os.sched_setaffinity(0, {{{core}}}); t = time.process_time(); "
-            "exec('while time.process_time() - t < 3.0: pass')")
-    child = f"subprocess.Popen([sys.executable, '-c', {spin!r}, '-m', 'learner_svc'])"
-    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; ps = [{child}, {child}]; "
-                               "[p.wait() for p in ps]"])
-    try:
-        time.sleep(1.0)
-        before = service_thread_seconds(parent.pid)
-        time.sleep(1.5)
-        after = service_thread_seconds(parent.pid)
-    finally:
-        parent.wait(timeout=60)
+    # two processes of one service spinning on the same core: each is always runnable, so between them the core is
+    # busy and each waits for it about half of the time
+    spin = f"import os, time; os.sched_setaffinity(0, {{{core}}}); {SPIN_3_S}"
+    before, after = _spinning_service_readings(service_thread_seconds, spin, 2, 1.0, 1.5)
     ran, waited = busiest_threads(before, after, 1.5)["learner_svc"]
     assert 0.05 < ran < 0.7, ran
     assert waited > 0.3, waited
