@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -20,16 +21,25 @@ import psutil
 from bench.spy import service_name
 
 
-def service_cpu_seconds(root_pid: int) -> dict[str, float]:
-    """CPU seconds used so far by `root_pid` (the launcher) and each process under it, summed per service
-    (bench.spy.service_name: `actor_svc 0`, `learner_svc`, ...). Processes that end meanwhile are skipped."""
+def _service_processes(root_pid: int) -> Iterator[tuple[str, psutil.Process]]:
+    """`root_pid` (the launcher) and each process under it, with its service's name (bench.spy.service_name:
+    `actor_svc 0`, `learner_svc`, ...); processes that end before they are named are skipped."""
     root = psutil.Process(root_pid)
-    seconds: dict[str, float] = defaultdict(float)
     for proc in (root, *root.children(recursive=True)):
         try:
-            with proc.oneshot():
-                times = proc.cpu_times()
-                name = service_name(" ".join(proc.cmdline()))
+            name = service_name(" ".join(proc.cmdline()))
+        except psutil.NoSuchProcess:
+            continue
+        yield name, proc
+
+
+def service_cpu_seconds(root_pid: int) -> dict[str, float]:
+    """CPU seconds used so far by `root_pid` (the launcher) and each process under it, summed per service
+    (_service_processes). Processes that end meanwhile are skipped."""
+    seconds: dict[str, float] = defaultdict(float)
+    for name, proc in _service_processes(root_pid):
+        try:
+            times = proc.cpu_times()
         except psutil.NoSuchProcess:
             continue
         seconds[name] += times.user + times.system
@@ -37,18 +47,15 @@ def service_cpu_seconds(root_pid: int) -> dict[str, float]:
 
 
 def service_thread_seconds(root_pid: int) -> dict[str, dict[int, tuple[float, float]]]:
-    """Per service (as service_cpu_seconds names them), each thread's seconds so far on a core and waiting on a run
-    queue (runnable, no core free for it), from the kernel's /proc/<pid>/task/<tid>/schedstat: the second says
-    whether a thread that bounds the system waits for its neighbours' cores. Empty where the kernel keeps no
-    schedstat (not Linux, or built without CONFIG_SCHED_INFO); threads and processes that end meanwhile are
-    skipped."""
-    root = psutil.Process(root_pid)
+    """Per service (_service_processes), each thread's seconds so far on a core and waiting on a run queue
+    (runnable, no core free for it), from the kernel's /proc/<pid>/task/<tid>/schedstat: the second says whether a
+    thread that bounds the system waits for its neighbours' cores. Empty where the kernel keeps no schedstat (not
+    Linux, or built without CONFIG_SCHED_INFO); threads and processes that end meanwhile are skipped."""
     threads: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
-    for proc in (root, *root.children(recursive=True)):
+    for name, proc in _service_processes(root_pid):
         try:
-            name = service_name(" ".join(proc.cmdline()))
             tasks = list(Path(f"/proc/{proc.pid}/task").iterdir())
-        except (psutil.NoSuchProcess, OSError):
+        except OSError:
             continue
         for task in tasks:
             try:
