@@ -106,6 +106,18 @@ def stop_event() -> threading.Event:
 # Set by lbc.launch in its children's environment; absent on Kubernetes, where the kubelet owns processes.
 LAUNCHER_PID_VAR = "LBC_LAUNCHER_PID"
 _PR_SET_PDEATHSIG = 1
+# loaded at import, so that signal_on_parent_death can run between fork and exec (subprocess's preexec_fn)
+# without the dynamic loader, whose lock another thread of the parent may have held at the fork
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def signal_on_parent_death(signum: int = signal.SIGTERM) -> bool:
+    """Have the kernel send this process `signum` when the thread that started it exits, however it exits
+    (Linux's PR_SET_PDEATHSIG; it survives exec). Also a `preexec_fn` for subprocess: the child then dies with the
+    caller. False where the request is not possible (not Linux) or was refused."""
+    if _LIBC is None:
+        return False
+    return _LIBC.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
 
 
 def exit_with_launcher() -> None:
@@ -113,10 +125,9 @@ def exit_with_launcher() -> None:
     it dies (SIGKILL, a closed terminal, a crash), so no service trains on unowned and holding its ports.
     Linux's PR_SET_PDEATHSIG; elsewhere the launcher's own signal handling is all there is."""
     launcher = os.environ.get(LAUNCHER_PID_VAR)
-    if not launcher or not sys.platform.startswith("linux"):
+    if not launcher or _LIBC is None:
         return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+    if not signal_on_parent_death(signal.SIGTERM):
         logging.getLogger("lbc").warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
     if os.getppid() != int(launcher):   # the launcher died before the request took effect
         os.kill(os.getpid(), signal.SIGTERM)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from lbc.service import signal_on_parent_death
 from tests.support import free_port, wait_for
 
 NAMESPACE = "lbc"
@@ -49,7 +50,8 @@ def prometheus(root: Path, targets: list[Target], rule_files: tuple[str, ...] = 
     port = free_port()
     log = (root / "prometheus.log").open("wb")
     proc = subprocess.Popen([binary, f"--config.file={root / 'prometheus.yml'}", f"--storage.tsdb.path={root / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], cwd=root, stdout=log, stderr=subprocess.STDOUT)
+                             f"--web.listen-address=127.0.0.1:{port}"], cwd=root, stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=signal_on_parent_death)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: len(promql(url, "up == 1")) == len(targets), 60, "Prometheus scraping every service")

@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lbc.launch import scrape, value
 from lbc.preflight import port_is_free
+from lbc.service import signal_on_parent_death
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -101,8 +102,10 @@ class Service:
 
     def start(self, *extra: str) -> Service:
         log = self.log_path.open("ab")
+        # SIGTERM to the service when pytest dies, however it dies: a killed `make test` leaves no service
+        # training on unowned, holding the ports the next run's fixtures need
         self.proc = subprocess.Popen([*self.argv, *extra], cwd=self.cwd, env=self.env, stdout=log,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, preexec_fn=signal_on_parent_death)
         log.close()
         return self
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from lbc.presets import CATCH_SIZING, PRESETS, deep_merge
+from lbc.service import signal_on_parent_death
 from tests.support import REPO, flat_overrides, launcher_endpoint_args
 
 # runs that CI leaves to `make test-extended` (docs/decisions.md 47)
@@ -27,7 +28,8 @@ def _launch(tmp_path, name, preset, game, duration, *extra, timeout):
     argv = [sys.executable, "-m", "lbc.launch", "--preset", preset, "--game", game, "--name", name,
             "--runs-dir", str(tmp_path), "--duration", str(duration), "--progress-every", "1", *extra,
             *launcher_endpoint_args(run_dir)]
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=signal_on_parent_death)   # the launcher stops its run if pytest dies
     metrics = run_dir / "metrics.jsonl"
     # a launch that stopped before its first record says why (session 58 saw one such failure once, unexplained)
     assert metrics.exists(), f"no metrics.jsonl; the launcher exited {proc.returncode}:\n{proc.stderr[-3000:]}"

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from lbc.procs import services
+from lbc.service import signal_on_parent_death
 from tests.support import REPO, launcher_endpoint_args, wait_for
 
 CHECKPOINT_EVERY = 20
@@ -34,7 +35,8 @@ def test_sigkill_of_any_service_at_random_moments_does_not_stop_training(tmp_pat
     argv = [sys.executable, "-m", "lbc.launch", "--runs-dir", str(tmp_path / "runs"), "--preset", "catch",
             "--duration", "400", "--progress-every", "1", *launcher_endpoint_args(tmp_path),
             "--set", f"learner.checkpoint_every={CHECKPOINT_EVERY}"]
-    launcher = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                preexec_fn=signal_on_parent_death)
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.extend(launcher.stdout), daemon=True)
     reader.start()

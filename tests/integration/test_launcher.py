@@ -14,6 +14,7 @@ import pytest
 
 from lbc.config import load_config
 from lbc.preflight import local_ports
+from lbc.service import signal_on_parent_death
 from tests.support import REPO, free_port, launcher_endpoint_args
 
 
@@ -91,7 +92,7 @@ def _start(tmp_path, *extra: str, sets: list[str] | None = None,
     if sets is None:
         sets = launcher_endpoint_args(tmp_path)
     launcher = subprocess.Popen(_argv(tmp_path, "--preset", "catch", "--duration", "120", *sets, *extra), cwd=REPO,
-                                stdout=subprocess.PIPE, stderr=stderr, text=True)
+                                stdout=subprocess.PIPE, stderr=stderr, text=True, preexec_fn=signal_on_parent_death)
     pids: dict[str, int] = {}
     for line in launcher.stdout:
         if found := re.match(r"lbc: started (\S+) \(pid (\d+)\)", line):

@@ -1,6 +1,7 @@
 """lbc.service in processes of its own: a SIGTERM is acted on however the main loop happens to be waiting when it
 comes."""
 
+import os
 import random
 import select
 import signal
@@ -51,3 +52,54 @@ def test_every_sigterm_stops_a_main_loop_waiting_on_the_event():
         child.kill()
         child.wait()
 
+
+
+# A parent that starts a sleeping child, with or without signal_on_parent_death as its preexec_fn, prints the
+# child's pid and then sleeps until it is killed.
+PARENT = textwrap.dedent("""
+    import subprocess, sys, time
+    from lbc.service import signal_on_parent_death
+    asked = sys.argv[1] == "asked"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                             preexec_fn=signal_on_parent_death if asked else None)
+    print(child.pid, flush=True)
+    time.sleep(120)
+""")
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a reparented child that exited may wait a moment to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _orphan_after_a_killed_parent(mode: str) -> int:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, mode], stdout=subprocess.PIPE, bufsize=0)
+    try:
+        line = _line(parent, 30.0)
+        pid = int(line)
+        assert _running(pid)
+    finally:
+        parent.kill()
+        parent.wait()
+    return pid
+
+
+def test_a_child_started_with_signal_on_parent_death_dies_with_a_killed_parent():
+    """What tests.support.Service relies on: services a killed pytest started do not train on, unowned."""
+    asked = _orphan_after_a_killed_parent("asked")
+    # the same child started without it lives on (what made the ask necessary)
+    plain = _orphan_after_a_killed_parent("plain")
+    try:
+        deadline = time.monotonic() + 10
+        while _running(asked) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(asked), "the child outlived its SIGKILLed parent"
+        assert _running(plain)
+    finally:
+        for pid in (asked, plain):
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
