@@ -152,6 +152,15 @@ def metric(port: int, name: str, **labels: str) -> float:
     return value(scrape(port), name, **labels) or 0.0
 
 
+def process_running(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie nobody has reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.5) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

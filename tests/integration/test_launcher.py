@@ -15,7 +15,7 @@ import pytest
 from lbc.config import load_config
 from lbc.preflight import local_ports
 from lbc.service import signal_on_parent_death
-from tests.support import REPO, free_port, launcher_endpoint_args
+from tests.support import REPO, free_port, launcher_endpoint_args, process_running
 
 
 def _argv(tmp_path, *extra: str) -> list[str]:
@@ -102,19 +102,10 @@ def _start(tmp_path, *extra: str, sets: list[str] | None = None,
     raise AssertionError(f"the launcher ended before starting its services (exit {launcher.wait()})")
 
 
-def _alive(pid: int) -> bool:
-    """Running, as opposed to gone or a zombie nobody has reaped yet."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _wait_all_gone(pids: dict[str, int], timeout: float = 30.0) -> list[str]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        left = [name for name, pid in pids.items() if _alive(pid)]
+        left = [name for name, pid in pids.items() if process_running(pid)]
         if not left:
             return []
         time.sleep(0.2)

@@ -10,6 +10,8 @@ import sys
 import textwrap
 import time
 
+from tests.support import process_running
+
 # The child's main thread wakes from stop.wait() every 0.1 ms, as a service's loop does now and then; each
 # round this test sends it a SIGTERM at a random moment and waits for it to say it stopped. The handler that
 # set the event itself deadlocked on the event's lock, held by the waking main thread, in about one round
@@ -53,7 +55,6 @@ def test_every_sigterm_stops_a_main_loop_waiting_on_the_event():
         child.wait()
 
 
-
 # A parent that starts a sleeping child, with or without signal_on_parent_death as its preexec_fn, prints the
 # child's pid and then sleeps until it is killed.
 PARENT = textwrap.dedent("""
@@ -67,21 +68,12 @@ PARENT = textwrap.dedent("""
 """)
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a reparented child that exited may wait a moment to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _orphan_after_a_killed_parent(mode: str) -> int:
     parent = subprocess.Popen([sys.executable, "-c", PARENT, mode], stdout=subprocess.PIPE, bufsize=0)
     try:
         line = _line(parent, 30.0)
         pid = int(line)
-        assert _running(pid)
+        assert process_running(pid)
     finally:
         parent.kill()
         parent.wait()
@@ -95,11 +87,11 @@ def test_a_child_started_with_signal_on_parent_death_dies_with_a_killed_parent()
     plain = _orphan_after_a_killed_parent("plain")
     try:
         deadline = time.monotonic() + 10
-        while _running(asked) and time.monotonic() < deadline:
+        while process_running(asked) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _running(asked), "the child outlived its SIGKILLed parent"
-        assert _running(plain)
+        assert not process_running(asked), "the child outlived its SIGKILLed parent"
+        assert process_running(plain)
     finally:
         for pid in (asked, plain):
-            if _running(pid):
+            if process_running(pid):
                 os.kill(pid, signal.SIGKILL)
